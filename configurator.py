@@ -1,0 +1,49 @@
+"""
+Scripts keep their settings as plain globals; this overrides them from the command line:
+
+    python train.py config/tiny_bert.py --batch_size=32 --compile=False
+
+A path runs a config file (python assignments); --key=value sets one key, the value
+read as a Python literal (a bare word stays a string). Keys and types are checked
+against the script's defaults (a default of None takes any value), so a typo is an error, not a silently ignored option.
+"""
+import ast
+import sys
+from pathlib import Path
+
+
+def configure(defaults, argv):
+    """The settings in `defaults` (a name -> value dict) with the overrides of argv applied."""
+    config = dict(defaults)
+
+    def set_key(key, value, source):
+        if key not in config:
+            sys.exit(f"{source}: unknown setting {key!r}. Valid settings: {', '.join(sorted(config))}")
+        old = config[key]
+        if isinstance(old, float) and type(value) is int:
+            value = float(value)
+        if old is not None and type(value) is not type(old):
+            sys.exit(f"{source}: {key} must be a {type(old).__name__} like its default {old!r}, "
+                     f"got {value!r} ({type(value).__name__})")
+        config[key] = value
+
+    for arg in argv:
+        if arg.startswith("--"):
+            key, eq, text = arg[2:].partition("=")
+            if not eq:
+                sys.exit(f"{arg}: expected --key=value, e.g. --{key}=...")
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                value = text
+            set_key(key, value, arg)
+        else:
+            path = Path(arg)
+            if not path.is_file():
+                sys.exit(f"{arg}: no such config file; pass a file from config/ or --key=value settings")
+            scope = {}
+            exec(path.read_text(), {}, scope)
+            for key, value in scope.items():
+                if not key.startswith("_"):
+                    set_key(key, value, arg)
+    return config

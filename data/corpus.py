@@ -1,0 +1,192 @@
+"""
+Documents in, token files out: the code every data/<corpus>/prepare.py shares.
+Documents come from local files (read_files) or a Hugging Face dataset streamed from the hub
+(read_hub); write_bins tokenises them on all cores and streams the ids to train.bin / val.bin
+(uint16, each document followed by <|endoftext|>), so memory stays bounded for any corpus size.
+"""
+import argparse
+import glob
+import gzip
+import json
+import os
+import sys
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from data.tokenizer import EOT, MASK, PAD, VOCAB_SIZE, get_tokenizer
+
+EXTENSIONS = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
+FORMATS = "a folder, file or glob of .txt (one document per file), .jsonl / .jsonl.gz or .parquet (one per row) files"
+
+
+def find_files(input):
+    """The files `input` names: a file, a glob, or a folder searched recursively for supported files."""
+    if os.path.isdir(input):
+        paths = [p for p in glob.glob(os.path.join(input, "**", "*"), recursive=True) if p.endswith(EXTENSIONS)]
+    else:
+        paths = glob.glob(input)
+    paths = sorted(p for p in paths if os.path.isfile(p))
+    if not paths:
+        raise FileNotFoundError(f"no input files at {input!r}; pass --input= {FORMATS}")
+    for p in paths:
+        if not p.endswith(EXTENSIONS):
+            raise ValueError(f"{p}: unsupported file type; --input takes {FORMATS}")
+    return paths
+
+
+def read_files(input, text_key="text"):
+    """Yield the documents (str) of local files, in sorted path order."""
+    for path in find_files(input):
+        n = 0  # line number in a .jsonl file, for error messages
+        try:
+            if path.endswith(".txt"):
+                with open(path, "rb") as f:
+                    data = f.read()
+                if b"\0" in data:  # NUL bytes are valid UTF-8 but never occur in text
+                    raise ValueError("it contains NUL bytes, so it is binary, not text")
+                yield data.decode("utf-8")
+            elif path.endswith(".parquet"):
+                import pyarrow.parquet as pq  # comes with `datasets`
+                for batch in pq.ParquetFile(path).iter_batches(batch_size=1024, columns=[text_key]):
+                    yield from batch.column(0).to_pylist()
+            else:
+                with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
+                    for n, row in enumerate(f, 1):
+                        if row.strip():
+                            yield json.loads(row)[text_key]
+        except (OSError, ValueError, KeyError, TypeError) as e:  # UnicodeDecodeError and JSON errors are ValueErrors
+            where = f"{path}, line {n}" if n else path
+            raise ValueError(f"cannot read {where}: {e!r}. Convert it to UTF-8 text (with a {text_key!r} field in "
+                             "each row of .jsonl/.parquet, or pass --text_key=) or remove it from --input") from e
+
+
+def read_hub(dataset, name=None, text_key="text"):
+    """Yield the documents of a Hugging Face dataset, streamed: nothing is downloaded up front."""
+    import datasets
+    try:
+        ds = datasets.load_dataset(dataset, name, split="train", streaming=True)
+    except ConnectionError as e:
+        raise ConnectionError(f"cannot reach {dataset} on the Hugging Face hub ({e}); "
+                              f"without the internet, pass --input= {FORMATS}") from e
+    for row in ds:
+        yield row[text_key]
+
+
+def batches(docs, chars=1 << 20):
+    """Group non-empty documents into lists of about `chars` characters: one unit of work for a thread."""
+    batch, n = [], 0
+    for doc in docs:
+        if not isinstance(doc, str):
+            raise TypeError(f"documents must be str, got {type(doc).__name__}; check --text_key")
+        if doc:
+            batch.append(doc)
+            n += len(doc)
+        if n >= chars:
+            yield batch
+            batch, n = [], 0
+    if batch:
+        yield batch
+
+
+def tokenize(docs, threads):
+    """Yield each document's ids followed by EOT (uint16), in order, encoding on `threads` threads."""
+    enc = get_tokenizer()
+
+    def encode_doc(doc):
+        try:
+            ids = enc.encode_to_numpy(doc, disallowed_special=())  # ordinary text, no Python list of ints
+        except UnicodeEncodeError:  # lone surrogates (web JSON has them): encode_ordinary replaces them with U+FFFD
+            ids = np.array(enc.encode_ordinary(doc))
+        return np.append(ids, EOT).astype(np.uint16)
+
+    def encode(batch):  # tiktoken releases the GIL, so threads run in parallel
+        return [encode_doc(doc) for doc in batch]
+
+    with ThreadPoolExecutor(threads) as pool:
+        pending = deque()
+        for batch in batches(docs):
+            pending.append(pool.submit(encode, batch))
+            if len(pending) > 2 * threads:  # read ahead a little, but no more: memory stays bounded
+                yield from pending.popleft().result()
+        while pending:
+            yield from pending.popleft().result()
+
+
+def write_bins(docs, out_dir, source, val_every=100, max_tokens=None, threads=os.cpu_count()):
+    """Tokenise `docs` into out_dir/{train,val}.bin and meta.json; every val_every-th document goes to val.
+    Stops at the first document boundary past max_tokens. Files appear only once complete (temp file, then rename)."""
+    if val_every < 2:
+        raise ValueError(f"--val_every={val_every} would leave no training documents; pass 2 or more")
+    os.makedirs(out_dir, exist_ok=True)
+    splits = ("train", "val")
+    tmp = {s: os.path.join(out_dir, f"{s}.bin.tmp") for s in splits}
+    files = {s: open(tmp[s], "wb") for s in splits}
+    tokens, n_docs = dict.fromkeys(splits, 0), dict.fromkeys(splits, 0)
+    t0 = last = time.time()
+    try:
+        for i, ids in enumerate(tokenize(docs, threads)):
+            split = "val" if i % val_every == val_every - 1 else "train"
+            ids.tofile(files[split])
+            tokens[split] += len(ids)
+            n_docs[split] += 1
+            total = sum(tokens.values())
+            if time.time() - last > 1:  # progress line on stderr, at most once a second
+                last = time.time()
+                budget = f" / {max_tokens / 1e6:,.0f}M" if max_tokens else ""
+                print(f"\r{total / 1e6:,.1f}M{budget} tokens, {i + 1:,} documents, {total / (last - t0):,.0f} tokens/s",
+                      end="", file=sys.stderr, flush=True)
+            if max_tokens and total >= max_tokens:
+                break
+        if last > t0:
+            print(file=sys.stderr)
+        if n_docs["train"] == 0:
+            raise ValueError(f"no text in {source}; check --input (and --text_key for .jsonl/.parquet)")
+        if n_docs["val"] == 0:
+            raise ValueError(f"too few documents ({n_docs['train']}) in {source} for --val_every={val_every}: "
+                             "the validation split would be empty; pass a smaller --val_every")
+    except BaseException:
+        for s in splits:
+            files[s].close()
+            os.remove(tmp[s])
+        raise
+    for s in splits:
+        files[s].close()
+        os.replace(tmp[s], os.path.join(out_dir, f"{s}.bin"))
+    seconds = time.time() - t0
+    meta = dict(tokenizer="gpt2 (tiktoken BPE from data/gpt2.tiktoken)", vocab_size=VOCAB_SIZE, dtype="uint16",
+                eot=EOT, mask=MASK, pad=PAD, source=source, val_every=val_every, max_tokens=max_tokens,
+                train_tokens=tokens["train"], val_tokens=tokens["val"],
+                train_docs=n_docs["train"], val_docs=n_docs["val"])
+    with open(os.path.join(out_dir, "meta.json.tmp"), "w") as f:
+        json.dump(meta, f, indent=1)
+    os.replace(os.path.join(out_dir, "meta.json.tmp"), os.path.join(out_dir, "meta.json"))
+    total = tokens["train"] + tokens["val"]
+    print(f"{out_dir}: train {tokens['train']:,} tokens ({n_docs['train']:,} docs), val {tokens['val']:,} tokens "
+          f"({n_docs['val']:,} docs); {total:,} tokens in {seconds:.1f} s ({total / seconds:,.0f} tokens/s)")
+    return meta
+
+
+def main(doc, **defaults):
+    """The command line of every data/<corpus>/prepare.py (--key=value); `doc` and `defaults` are the script's own."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input", help=f"local text to read instead of --dataset: {FORMATS}")
+    p.add_argument("--dataset", help="Hugging Face dataset to stream, e.g. HuggingFaceFW/fineweb-edu")
+    p.add_argument("--name", help="the dataset's config, e.g. sample-10BT")
+    p.add_argument("--text_key", default="text", help="field holding the text in .jsonl/.parquet rows and datasets")
+    p.add_argument("--out_dir", help="where train.bin, val.bin and meta.json go")
+    p.add_argument("--max_tokens", type=int,
+                   help="token budget: stop at the first document end past it (default: %(default)s)")
+    p.add_argument("--val_every", type=int, default=100, help="every Nth document goes to val.bin")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="tokenizer threads")
+    p.set_defaults(**defaults)
+    a = p.parse_args()
+    if not (a.input or a.dataset):
+        p.error(f"pass --input= {FORMATS}")
+    if a.input:
+        docs, source = read_files(a.input, a.text_key), a.input
+    else:
+        docs, source = read_hub(a.dataset, a.name, a.text_key), a.dataset + (f" ({a.name})" if a.name else "")
+    write_bins(docs, a.out_dir, source, a.val_every, a.max_tokens, a.threads)

@@ -1,0 +1,38 @@
+"""
+Random windows of block_size tokens from a uint16 token file (train.bin / val.bin), nanoGPT style.
+The file stays memory-mapped: a batch reads only its own windows, and the OS page cache does the rest.
+"""
+import os
+
+import numpy as np
+import torch
+
+from data.tokenizer import VOCAB_SIZE
+
+FIX = "rebuild it with its prepare script, e.g. python data/tinybooks/prepare.py"
+
+
+class TokenWindows:
+    def __init__(self, bin_path, block_size, vocab_size=VOCAB_SIZE):
+        path = str(bin_path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"token file {path} does not exist; {FIX}")
+        size = os.path.getsize(path)
+        if size % 2:
+            raise ValueError(f"{path} has {size} bytes, not a multiple of 2, so it is not a uint16 token file "
+                             f"(or it was cut short); {FIX}")
+        self.tokens = np.memmap(path, dtype=np.uint16, mode="r") if size else np.zeros(0, np.uint16)
+        if len(self.tokens) < block_size + 1:
+            raise ValueError(f"{path} has {len(self.tokens):,} tokens, fewer than block_size + 1 = {block_size + 1}; "
+                             f"use a smaller block_size or more text ({FIX})")
+        for i in range(0, len(self.tokens), 1 << 24):  # in chunks of 32 MB, so a huge file never sits in memory
+            top = int(self.tokens[i:i + (1 << 24)].max())
+            if top >= vocab_size:
+                raise ValueError(f"{path} holds token id {top} >= vocab_size {vocab_size}: it was written by another "
+                                 f"tokenizer or is corrupted; {FIX}")
+        self.path, self.block_size = path, block_size
+
+    def sample(self, batch_size, seed):
+        """(batch_size, block_size) LongTensor of windows at random offsets; seed (int or tuple of ints) fixes them."""
+        starts = np.random.default_rng(seed).integers(0, len(self.tokens) - self.block_size + 1, size=batch_size)
+        return torch.from_numpy(np.stack([self.tokens[s:s + self.block_size] for s in starts]).astype(np.int64))

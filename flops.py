@@ -1,0 +1,133 @@
+"""
+Analytic parameter and FLOP counts for BERT and CrossBERT, from the config alone.
+
+Counted: matrix multiplies, 2 FLOPs per multiply-add, which is what dominates and
+what torch.utils.flop_counter counts. A training step costs 3x its forward pass
+(the backward pass computes gradients for both inputs of every matmul).
+
+    python flops.py --n_layer=12 --n_head=12 --n_embd=768 --block_size=512
+
+prints BERT and CrossBERT side by side. The config must be resolved (mask_ratio,
+cms and pred_layer set), as a model's `.config` is.
+"""
+import ast
+import sys
+import time
+
+import torch
+
+from masking import view_shape
+
+
+def self_block_flops(C, S):
+    """Forward FLOPs of one self-attention block over S tokens of width C."""
+    # q 2SC^2, kv 4SC^2, proj 2SC^2, MLP 16SC^2; QK^T and AV 2S^2C each
+    return 24 * S * C * C + 4 * S * S * C
+
+
+def cross_block_flops(C, Q, S):
+    """Forward FLOPs of one cross-attention block: Q queries over S keys."""
+    # q and proj on the queries 4QC^2, kv on the keys 4SC^2, MLP 16QC^2, attention 4QSC
+    return 20 * Q * C * C + 4 * S * C * C + 4 * Q * S * C
+
+
+def forward_flops(config, model_type):
+    """Forward FLOPs for one input row (all its views)."""
+    C, T, L = config.n_embd, config.block_size, config.n_layer
+    V, K, M = view_shape(T, config.mask_ratio, config.cms)
+    head = 2 * M * C * config.vocab_size  # tied LM head, at the targets only
+    if model_type == "bert":
+        per_view = L * self_block_flops(C, T) + head
+    else:
+        per_view = L * self_block_flops(C, K) + config.pred_layer * cross_block_flops(C, M, K) + head
+    return V * per_view
+
+
+def training_flops(config, model_type, batch_size=1):
+    """FLOPs of one training step (forward + backward) on batch_size input rows."""
+    return 3 * batch_size * forward_flops(config, model_type)
+
+
+def flops_per_position(config, model_type):
+    """Training FLOPs per sequence position covered (rows x views x block_size): what tokens/s counts."""
+    V, _, _ = view_shape(config.block_size, config.mask_ratio, config.cms)
+    return training_flops(config, model_type) / (V * config.block_size)
+
+
+def inference_flops_per_token(config):
+    """Forward FLOPs per token of encode(): the encoder on the full, unmasked sequence."""
+    return config.n_layer * self_block_flops(config.n_embd, config.block_size) / config.block_size
+
+
+def param_counts(config, model_type):
+    """(total, non-embedding) parameters; the LM head is tied to the embedding."""
+    C = config.n_embd
+    block = 12 * C * C + 2 * C  # attention 4C^2, MLP 8C^2, two bias-free norms
+    body = config.n_layer * block + C  # + final norm
+    if model_type == "crossbert":
+        body += config.pred_layer * block + C + C  # predictor, its norm, the mask query
+    return body + config.vocab_size * C, body
+
+
+# -----------------------------------------------------------------------------
+# Peak FLOP/s for MFU
+
+PEAK_FLOPS = {  # dense bf16 tensor-core peaks, from the vendors' data sheets
+    "H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12, "A10": 125e12, "4090": 165e12,
+}
+
+
+def peak_flops(device, dtype):
+    """Peak FLOP/s of the device: from PEAK_FLOPS for known GPUs, else measured with a large matmul."""
+    if device.type == "cuda" and dtype == torch.bfloat16:
+        name = torch.cuda.get_device_name(device)
+        for key, value in PEAK_FLOPS.items():
+            if key in name:
+                return value
+    n = 2048
+    gen = torch.Generator(device).manual_seed(0)  # leaves the global RNG alone, so resumed runs stay exact
+    a, b = (torch.randn(n, n, generator=gen, device=device).to(dtype) for _ in range(2))
+    a @ b  # warm up
+    best = float("inf")
+    for _ in range(3):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        (a @ b).sum().item()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n ** 3 / best
+
+
+def main(argv):
+    from model import ModelConfig, resolve  # only the CLI needs the model's defaults
+    kwargs = {}
+    for arg in argv:
+        key, _, value = arg.removeprefix("--").partition("=")
+        if key not in ModelConfig.__dataclass_fields__:
+            sys.exit(f"unknown option --{key}; valid: " + ", ".join(ModelConfig.__dataclass_fields__))
+        kwargs[key] = ast.literal_eval(value)
+    rows = {}
+    for model_type in ("bert", "crossbert"):
+        cfg = resolve(ModelConfig(**kwargs), model_type)
+        V, K, M = view_shape(cfg.block_size, cfg.mask_ratio, cfg.cms)
+        total, body = param_counts(cfg, model_type)
+        rows[model_type] = {
+            "mask ratio / views": f"{cfg.mask_ratio} / {V}",
+            "encoder tokens per view": K if model_type == "crossbert" else cfg.block_size,
+            "predicted per view": M,
+            "params (M)": f"{total / 1e6:.2f}",
+            "non-embedding params (M)": f"{body / 1e6:.2f}",
+            "train GFLOPs per row": f"{training_flops(cfg, model_type) / 1e9:.3f}",
+            "train MFLOPs per position": f"{flops_per_position(cfg, model_type) / 1e6:.2f}",
+            "inference MFLOPs per token": f"{inference_flops_per_token(cfg) / 1e6:.2f}",
+            "_fpp": flops_per_position(cfg, model_type),
+        }
+    print(f"{'':28s}{'BERT':>14s}{'CrossBERT':>14s}")
+    for key in rows["bert"]:
+        if not key.startswith("_"):
+            print(f"{key:28s}{rows['bert'][key]!s:>14s}{rows['crossbert'][key]!s:>14s}")
+    print(f"training FLOPs per position, BERT / CrossBERT: {rows['bert']['_fpp'] / rows['crossbert']['_fpp']:.2f}x")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,82 @@
+"""
+Which positions each view of a sequence sees, and which it predicts.
+
+Everything here returns index tensors of fixed shape, so a model can gather with
+them and torch.compile sees static shapes (no boolean masks with ragged rows).
+Depends on torch alone; copy it anywhere.
+
+    views = make_views(batch_size=8, block_size=128, mask_ratio=0.5, cms=True)
+    views.rows     # (16,)     input row of each view: 8 rows x 2 complementary views
+    views.visible  # (16, 64)  positions the view's encoder sees
+    views.targets  # (16, 64)  positions the view predicts
+"""
+from typing import NamedTuple
+
+import torch
+
+
+class Views(NamedTuple):
+    rows: torch.Tensor     # (N,) which input row each view is made from
+    visible: torch.Tensor  # (N, K) positions the view keeps
+    targets: torch.Tensor  # (N, M) positions the view must predict; K + M = T
+
+
+def view_shape(block_size, mask_ratio, cms):
+    """(V, K, M): views per sequence, visible and predicted positions per view.
+
+    Without CMS there is one view that masks round(mask_ratio * T) positions.
+    With the Complementary Masking Strategy the positions are split into V equal
+    chunks. For mask_ratio >= 0.5 (the paper's setting) each view sees one chunk
+    and predicts the rest, V = round(1 / (1 - m)): the visible sets partition the
+    sequence. Our choice for m < 0.5, where that rule would give V = 1: each view
+    predicts one chunk and sees the rest, V = round(1 / m), so the predicted sets
+    partition the sequence. Either way every position is predicted by some view.
+    The actual mask ratio is then 1 - 1/V or 1/V.
+    """
+    T, m = block_size, mask_ratio
+    if not 0 < m < 1:
+        raise ValueError(f"mask_ratio must be strictly between 0 and 1, got {m}")
+    if not cms:
+        M = round(m * T)
+        if not 0 < M < T:
+            raise ValueError(f"mask_ratio={m} masks {M} of {T} positions; pick a ratio that masks at least one and keeps one")
+        return 1, T - M, M
+    V = round(1 / min(m, 1 - m))
+    if T % V:
+        raise ValueError(f"CMS with mask_ratio={m} cuts each sequence into {V} views, so block_size "
+                         f"must be a multiple of {V} (got {T}); change block_size or mask_ratio")
+    chunk = T // V
+    return (V, chunk, T - chunk) if m >= 0.5 else (V, T - chunk, chunk)
+
+
+def make_views(batch_size, block_size, mask_ratio, cms, generator=None, device=None):
+    """Random views of each row, reproducible from `generator` (made on its device)."""
+    B, T = batch_size, block_size
+    V, K, M = view_shape(T, mask_ratio, cms)
+    device = generator.device if generator is not None else device
+    # MAE's trick: argsort of uniform noise is a uniform random permutation of each row
+    order = torch.rand(B, T, generator=generator, device=device).argsort(dim=1)
+    rows = torch.arange(B, device=device).repeat_interleave(V)
+    if V == 1:
+        return Views(rows, order[:, :K], order[:, K:])
+    chunks = order.view(B, V, T // V)
+    # view v owns chunk v; the others, in order v+1, v+2, ... (mod V), are its complement
+    step = torch.arange(V, device=device)
+    others = (step[:, None] + step[None, 1:]) % V
+    own = chunks.reshape(B * V, T // V)
+    rest = chunks[:, others].reshape(B * V, T - T // V)
+    return Views(rows, own, rest) if mask_ratio >= 0.5 else Views(rows, rest, own)
+
+
+def corrupt(x, targets, mask_id, random_replace=False, generator=None):
+    """BERT's input: the tokens at `targets` replaced by <mask>.
+
+    With random_replace, BERT's 80/10/10 rule: 80% <mask>, 10% a random token,
+    10% left as is. Random tokens are drawn below mask_id, where the real text ids are.
+    """
+    fill = torch.full_like(targets, mask_id)
+    if random_replace:
+        u = torch.rand(targets.shape, generator=generator, device=targets.device)
+        noise = torch.randint(0, mask_id, targets.shape, generator=generator, device=targets.device)
+        fill = torch.where(u < 0.8, fill, torch.where(u < 0.9, noise, x.gather(1, targets)))
+    return x.scatter(1, targets, fill)

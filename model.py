@@ -1,0 +1,279 @@
+"""
+BERT and CrossBERT in one file.
+
+BERT: replace the masked tokens by <mask>, run every layer over the whole
+sequence, predict the masked tokens from the last layer.
+
+CrossBERT ("Separating Representation from Reconstruction Enables Scalable Text
+Encoders"): a deep encoder sees only the visible tokens (masked tokens are
+dropped, as in MAE), and a shallow predictor of cross-attention-only blocks
+reconstructs the masked tokens from the encoder's states. The encoder never
+does reconstruction, so its last layer stays a good representation. With
+complementary masking (CMS) every sequence becomes views that predict each
+other's tokens, so every token gets a gradient.
+
+    import torch
+    from model import ModelConfig, CrossBERT
+    model = CrossBERT(ModelConfig(n_layer=4, n_head=4, n_embd=256, block_size=128))
+    idx = torch.randint(0, 50257, (8, 128))                  # token ids
+    logits, loss = model(idx)                                # masked-token pretraining
+    loss.backward()
+    feats = model.encode(idx).mean(dim=1)                    # frozen features (8, 256)
+
+Depends on torch and masking.py alone; importing it has no side effects.
+"""
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from masking import corrupt, make_views
+
+
+@dataclass
+class ModelConfig:
+    block_size: int = 128
+    vocab_size: int = 50304         # GPT-2's 50257 ids + <mask> + <pad>, padded to a multiple of 64
+    n_layer: int = 4                # encoder depth
+    n_head: int = 4
+    n_embd: int = 256
+    pred_layer: int | None = None   # CrossBERT predictor depth; None = max(1, n_layer // 4)
+    mask_ratio: float | None = None # None = the model's default: BERT 0.2, CrossBERT 0.5
+    cms: bool | None = None         # complementary views; None = the model's default: BERT off, CrossBERT on
+    random_replace: bool = False    # BERT's 80/10/10 corruption instead of all <mask>
+    dropout: float = 0.0
+    init_std: float = 0.02          # the paper lowered it to stabilise its largest model
+    rope_base: float = 10000.0
+    mask_token_id: int = 50257
+
+
+DEFAULTS = {"bert": dict(mask_ratio=0.2, cms=False), "crossbert": dict(mask_ratio=0.5, cms=True)}
+
+
+def resolve(config, model_type):
+    """The config with every None replaced by model_type's default."""
+    if model_type not in DEFAULTS:
+        raise ValueError(f"unknown model_type {model_type!r}; expected one of {sorted(DEFAULTS)}")
+    fill = {k: v for k, v in DEFAULTS[model_type].items() if getattr(config, k) is None}
+    if config.pred_layer is None:
+        fill["pred_layer"] = max(1, config.n_layer // 4)
+    return replace(config, **fill)
+
+
+# ----------------------------------------------------------------------------
+# Shared parts
+
+def rope_tables(config):
+    """cos and sin of every (position, frequency) pair, precomputed once."""
+    head_dim = config.n_embd // config.n_head
+    freqs = config.rope_base ** (-torch.arange(0, head_dim, 2).float() / head_dim)
+    angles = torch.outer(torch.arange(config.block_size).float(), freqs)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x, cos, sin):
+    """Rotary embedding of x (N, H, T, D) by angles (.., T, D/2) of each token's own position."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class Attention(nn.Module):
+    """Multi-head attention of x over mem (mem is x for self-attention), with RoPE on both sides."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.n_head = config.n_head
+        self.dropout = config.dropout
+        self.q = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.kv = nn.Linear(config.n_embd, 2 * config.n_embd, bias=False)
+        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x, rope_x, mem, rope_mem, attn_mask=None):
+        N, T, C = x.shape
+        q = self.q(x).view(N, T, self.n_head, -1).transpose(1, 2)
+        k, v = self.kv(mem).view(N, mem.size(1), 2, self.n_head, -1).permute(2, 0, 3, 1, 4)
+        # queries rotate by their own positions and keys by theirs, so scores see relative offsets
+        q, k = rotate(q, *rope_x), rotate(k, *rope_mem)
+        # no mask in training (fixed windows), which keeps the FlashAttention kernel available
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.proj(y.transpose(1, 2).reshape(N, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
+        self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm block. Self-attention when mem is None, else cross-attention to mem only."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=False)
+        self.attn = Attention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=False)
+        self.mlp = MLP(config)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x, rope, mem=None, rope_mem=None, attn_mask=None):
+        h = self.ln_1(x)
+        if mem is None:
+            mem, rope_mem = h, rope
+        x = x + self.drop(self.attn(h, rope, mem, rope_mem, attn_mask))
+        return x + self.drop(self.mlp(self.ln_2(x)))
+
+
+class Encoder(nn.Module):
+    """What BERT and CrossBERT share: embeddings, the encoder stack, the tied LM head, encode()."""
+
+    model_type = None
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config = resolve(config, self.model_type)
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=False)
+        cos, sin = rope_tables(config)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def init_weights(self):
+        std = self.config.init_std
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                # residual projections shrink with depth so the residual stream's variance stays put
+                scale = 1 / math.sqrt(2 * self.config.n_layer) if name.endswith("proj.weight") else 1
+                nn.init.normal_(p, mean=0.0, std=std * scale)
+
+    def rope(self, pos):
+        """Angles for position ids pos (T,) or (N, T), shaped to broadcast over heads."""
+        return self.cos[pos].unsqueeze(-3), self.sin[pos].unsqueeze(-3)
+
+    def run_encoder(self, tok, pos, attn_mask=None, layers=()):
+        """The encoder stack on tokens tok at positions pos; final-normed states, plus those of `layers`."""
+        rope = self.rope(pos)
+        x = self.drop(self.wte(tok))
+        kept = []
+        for i, block in enumerate(self.blocks, start=1):
+            x = block(x, rope, attn_mask=attn_mask)
+            if i in layers and i < self.config.n_layer:
+                kept.append(x)
+        x = self.ln_f(x)
+        return x, kept + [x] * (self.config.n_layer in layers)
+
+    def lm_loss(self, h, x, targets):
+        """Tied LM head on the states h (N, M, C) of the targets; cross-entropy against x's tokens there."""
+        logits = F.linear(h, self.wte.weight)
+        labels = x.gather(1, targets)
+        loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
+        return logits, loss
+
+    def sample_views(self, idx):
+        B, T = idx.shape
+        return make_views(B, T, self.config.mask_ratio, self.config.cms, device=idx.device)
+
+    @torch.no_grad()
+    def encode(self, idx, attention_mask=None, layers=None):
+        """Frozen features of the unmasked input: (B, T, C) from the last layer, or a list for `layers` (1-based).
+
+        attention_mask (B, T): 1 for real tokens, 0 for padding; padded keys are ignored,
+        so a padded sequence gets the same features as the same sequence alone.
+        """
+        T = idx.size(1)
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}; truncate the input")
+        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        wanted = [self.config.n_layer] if layers is None else list(layers)
+        bad = [i for i in wanted if not 1 <= i <= self.config.n_layer]
+        if bad:
+            raise ValueError(f"layers {bad} out of range; the encoder has layers 1..{self.config.n_layer}")
+        _, kept = self.run_encoder(idx, torch.arange(T, device=idx.device), mask, set(wanted))
+        by_layer = dict(zip(sorted(set(wanted)), kept))
+        return by_layer[self.config.n_layer] if layers is None else [by_layer[i] for i in wanted]
+
+    def num_params(self, non_embedding=False):
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.wte.weight.numel() if non_embedding else n
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        # decay the matrices of linear layers only: not embeddings, norms or the mask query
+        decay = [p for n, p in self.named_parameters() if p.dim() >= 2 and n != "wte.weight"]
+        no_decay = [p for n, p in self.named_parameters() if p.dim() < 2 or n == "wte.weight"]
+        groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
+
+
+# ----------------------------------------------------------------------------
+# The two models
+
+class BERT(Encoder):
+    model_type = "bert"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.init_weights()
+
+    def forward(self, idx, views=None):
+        """Masked-token prediction. Returns logits (N, M, vocab) at the masked positions and the mean loss."""
+        views = self.sample_views(idx) if views is None else views
+        x = idx[views.rows]
+        inp = corrupt(x, views.targets, self.config.mask_token_id, self.config.random_replace)
+        h, _ = self.run_encoder(inp, torch.arange(x.size(1), device=x.device))
+        # the LM head, the costliest matmul of a small model, runs only where there is a target
+        h = h.gather(1, views.targets[..., None].expand(-1, -1, h.size(-1)))
+        return self.lm_loss(h, x, views.targets)
+
+
+class CrossBERT(Encoder):
+    model_type = "crossbert"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.mask_query = nn.Parameter(torch.zeros(self.config.n_embd))
+        self.predictor = nn.ModuleList(Block(self.config) for _ in range(self.config.pred_layer))
+        self.ln_p = nn.LayerNorm(self.config.n_embd, bias=False)
+        self.init_weights()
+        nn.init.normal_(self.mask_query, std=self.config.init_std)
+
+    def forward(self, idx, views=None):
+        """Masked-token prediction. Returns logits (N, M, vocab) at the predicted positions and the mean loss."""
+        views = self.sample_views(idx) if views is None else views
+        x = idx[views.rows]
+        # the encoder sees the visible tokens only, each at its original position
+        mem, _ = self.run_encoder(x.gather(1, views.visible), views.visible)
+        # the predictor's queries know nothing but where they are: one learned vector, rotated by target position
+        q = self.mask_query.expand(*views.targets.shape, -1)
+        rope_q, rope_mem = self.rope(views.targets), self.rope(views.visible)
+        for block in self.predictor:
+            q = block(q, rope_q, mem, rope_mem)
+        return self.lm_loss(self.ln_p(q), x, views.targets)
+
+
+MODELS = {"bert": BERT, "crossbert": CrossBERT}
+
+
+def load_checkpoint(path, device="cpu"):
+    """(model in eval mode, checkpoint dict) from a checkpoint file written by train.py."""
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=True)
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such checkpoint; train one with `python train.py` or check the path") from None
+    except Exception as e:
+        raise ValueError(f"{path} is not a checkpoint written by train.py ({type(e).__name__}); "
+                         "pass the ckpt.pt from a training run's out_dir") from None
+    if not isinstance(ckpt, dict) or not {"model", "model_type", "model_args"} <= ckpt.keys():
+        raise ValueError(f"{path} is not a checkpoint written by train.py (no model/model_type/model_args); "
+                         "pass the ckpt.pt from a training run's out_dir")
+    model = MODELS[ckpt["model_type"]](ModelConfig(**ckpt["model_args"]))
+    model.load_state_dict(ckpt["model"])
+    return model.to(device).eval(), ckpt

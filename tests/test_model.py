@@ -1,0 +1,142 @@
+import math
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from flops import param_counts, training_flops
+from masking import make_views
+from model import BERT, MODELS, CrossBERT, ModelConfig
+
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
+
+
+def tiny(model_type, **kw):
+    torch.manual_seed(0)
+    return MODELS[model_type](ModelConfig(**{**TINY, **kw})).eval()
+
+
+def views_for(model, B, seed=0):
+    c = model.config
+    return make_views(B, c.block_size, c.mask_ratio, c.cms, generator=torch.Generator().manual_seed(seed))
+
+
+def test_defaults_follow_the_paper():
+    assert (tiny("bert").config.mask_ratio, tiny("bert").config.cms) == (0.2, False)
+    c = tiny("crossbert", n_layer=8).config
+    assert (c.mask_ratio, c.cms, c.pred_layer) == (0.5, True, 2)
+    assert tiny("crossbert", n_layer=2).config.pred_layer == 1
+
+
+@pytest.mark.parametrize("model_type,cms", [("crossbert", False), ("crossbert", True), ("bert", False)])
+def test_prediction_never_sees_its_targets(model_type, cms):
+    model = tiny(model_type, cms=cms)
+    x = torch.randint(0, 50257, (2, 32))
+    views = views_for(model, 2)
+    logits, _ = model(x, views)
+    # change every token that view 0 must predict (view 0 is made from row 0)
+    y = x.clone()
+    y[0, views.targets[0]] = (y[0, views.targets[0]] + 1) % 50257
+    logits_y, _ = model(y, views)
+    assert torch.allclose(logits_y[0], logits[0], atol=1e-6)
+    # control: changing one visible token does change that view's predictions
+    z = x.clone()
+    z[0, views.visible[0, 0]] = (z[0, views.visible[0, 0]] + 1) % 50257
+    assert not torch.allclose(model(z, views)[0][0], logits[0], atol=1e-4)
+    if cms:  # the complementary view sees what view 0 predicts, so its predictions move
+        assert not torch.allclose(logits_y[1], logits[1], atol=1e-4)
+
+
+def test_bert_with_80_10_10_can_see_some_targets():
+    model = tiny("bert", random_replace=True)
+    x = torch.randint(0, 50257, (8, 32))
+    views = views_for(model, 8)
+    y = x.scatter(1, views.targets, (x.gather(1, views.targets) + 1) % 50257)
+    torch.manual_seed(1)
+    a = model(x, views)[0]
+    torch.manual_seed(1)
+    b = model(y, views)[0]
+    assert not torch.equal(a, b)  # the 10% of targets left as they are leak, as in BERT
+
+
+@pytest.mark.parametrize("model_type", ["bert", "crossbert"])
+def test_encode_is_padding_invariant(model_type):
+    model = tiny(model_type)
+    lengths = [32, 20, 7]
+    seqs = [torch.randint(0, 50257, (n,)) for n in lengths]
+    batch = torch.full((3, 32), 50258)
+    mask = torch.zeros(3, 32, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        batch[i, : len(s)], mask[i, : len(s)] = s, 1
+    h = model.encode(batch, mask)
+    assert h.shape == (3, 32, 32)
+    for i, s in enumerate(seqs):
+        alone = model.encode(s[None])[0]
+        assert torch.allclose(h[i, : len(s)], alone, atol=1e-5)
+    # the padded batch is not trivially equal to an unmasked one
+    assert not torch.allclose(model.encode(batch)[1, :20], h[1, :20], atol=1e-3)
+
+
+def test_encode_layers():
+    model = tiny("crossbert", n_layer=3)
+    x = torch.randint(0, 50257, (2, 16))
+    hs = model.encode(x, layers=[1, 2, 3])
+    assert len(hs) == 3 and torch.equal(hs[-1], model.encode(x))
+    assert torch.equal(model.encode(x, layers=[2])[0], hs[1]) and not torch.allclose(hs[0], hs[1])
+    with pytest.raises(ValueError, match="layers"):
+        model.encode(x, layers=[0])
+    with pytest.raises(ValueError, match="block_size"):
+        model.encode(torch.zeros(1, 33, dtype=torch.long))
+
+
+@pytest.mark.parametrize("model_type", ["bert", "crossbert"])
+def test_param_counts_match(model_type):
+    model = tiny(model_type, n_layer=4)
+    total, body = param_counts(model.config, model_type)
+    assert total == model.num_params() and body == model.num_params(non_embedding=True)
+
+
+@pytest.mark.parametrize("model_type,mask_ratio,cms", [("bert", 0.2, False), ("bert", 0.5, True),
+                                                        ("crossbert", 0.5, False), ("crossbert", 0.5, True),
+                                                        ("crossbert", 0.75, True)])
+@pytest.mark.parametrize("shape", [dict(n_layer=2, n_head=2, n_embd=64, block_size=64),
+                                   dict(n_layer=4, n_head=4, n_embd=128, block_size=128, vocab_size=512,
+                                        mask_token_id=510)])
+def test_analytic_flops_match_flop_counter(model_type, mask_ratio, cms, shape):
+    torch.manual_seed(0)
+    model = MODELS[model_type](ModelConfig(**shape, mask_ratio=mask_ratio, cms=cms))
+    B = 2
+    x = torch.randint(0, 500, (B, shape["block_size"]))
+    # the math backend runs attention as matmuls, which the counter sees (the CPU flash kernel it does not)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(x)[1].backward()
+    measured = counter.get_total_flops()
+    assert measured == pytest.approx(training_flops(model.config, model_type, B), rel=0.02)
+
+
+@pytest.mark.parametrize("model_type", ["bert", "crossbert"])
+def test_overfits_one_batch(model_type):
+    torch.manual_seed(0)
+    model = MODELS[model_type](ModelConfig(n_layer=2, n_head=2, n_embd=64, block_size=32, vocab_size=256,
+                                                     mask_token_id=255))
+    x = torch.randint(0, 250, (2, 32))
+    views = views_for(model, 2)
+    opt = model.configure_optimizers(0.0, 2e-3, (0.9, 0.95), "cpu")
+    model.train()
+    for _ in range(200):
+        _, loss = model(x, views)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert loss.item() < 0.1 * math.log(256)
+
+
+@pytest.mark.parametrize("model_type", ["bert", "crossbert"])
+def test_compiled_matches_eager(model_type):
+    model = tiny(model_type)
+    x = torch.randint(0, 50257, (4, 32))
+    views = views_for(model, 4)
+    _, eager = model(x, views)
+    _, compiled = torch.compile(model)(x, views)
+    assert compiled.item() == pytest.approx(eager.item(), abs=1e-4)

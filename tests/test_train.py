@@ -1,0 +1,107 @@
+"""train.py end to end, in subprocesses on a tiny model and a random-token corpus."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from configurator import configure
+from model import load_checkpoint
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=2", "--eval_iters=2",
+        "--log_interval=1", "--warmup_iters=0", "--learning_rate=1e-3", "--min_lr=1e-3", "--compile=False"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tokens")
+    rng = np.random.default_rng(0)
+    for split, n in [("train", 20_000), ("val", 4_000)]:
+        rng.integers(0, 100, n, dtype=np.uint16).tofile(d / f"{split}.bin")  # 100 ids: easy to learn
+    return str(d)
+
+
+def train(out_dir, dataset, *args, nproc=1):
+    launcher = [sys.executable, "train.py"] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py"]
+    cmd = launcher + TINY + [f"--dataset={dataset}", f"--out_dir={out_dir}", *args]
+    result = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def losses(out_dir):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        records = [json.loads(line) for line in f]
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+def test_ddp_equals_gradient_accumulation(tmp_path, dataset):
+    # 2 micro-batches of 2 x 32 tokens a step: two micro-steps in one process, or one in each of two
+    args = ["--max_iters=4", "--eval_interval=4", "--total_batch_size=128", "--learning_rate=3e-3", "--min_lr=3e-3"]
+    train(tmp_path / "one", dataset, *args)
+    train(tmp_path / "two", dataset, *args, nproc=2)
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert list(one) == [1, 2, 3, 4]
+    assert one[4] < one[1] - 0.1  # it trains
+    for step in one:
+        assert two[step] == pytest.approx(one[step], abs=2e-4)
+    a = load_checkpoint(tmp_path / "one" / "ckpt.pt")[0].state_dict()
+    b = load_checkpoint(tmp_path / "two" / "ckpt.pt")[0].state_dict()
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+
+
+def test_resume_continues_exactly(tmp_path, dataset):
+    args = ["--eval_interval=3", "--total_batch_size=64", "--dropout=0.1"]
+    train(tmp_path / "full", dataset, "--max_iters=6", *args)
+    train(tmp_path / "cut", dataset, "--max_iters=3", *args)
+    out = train(tmp_path / "cut", dataset, "--max_iters=6", "--init_from=resume", *args)
+    assert "resumed from" in out.stdout
+    full, cut = losses(tmp_path / "full"), losses(tmp_path / "cut")
+    assert [cut[s] for s in (4, 5, 6)] == [full[s] for s in (4, 5, 6)]
+    ckpt = torch.load(tmp_path / "cut" / "ckpt.pt", weights_only=True)
+    assert ckpt["step"] == 6 and ckpt["tokens"] == 6 * 64 and ckpt["flops"] > 0
+
+
+def test_resume_rejects_another_model(tmp_path, dataset):
+    train(tmp_path, dataset, "--max_iters=1", "--eval_interval=1", "--total_batch_size=64")
+    cmd = [sys.executable, "train.py", *TINY, f"--dataset={dataset}", f"--out_dir={tmp_path}", "--init_from=resume"]
+    other = subprocess.run(cmd + ["--model_type=bert"], cwd=ROOT, env=ENV, capture_output=True, text=True)
+    assert other.returncode != 0 and "holds a crossbert model but model_type=bert" in other.stderr
+    wider = subprocess.run(cmd + ["--n_embd=64"], cwd=ROOT, env=ENV, capture_output=True, text=True)
+    assert wider.returncode != 0 and "different model config" in wider.stderr and "n_embd" in wider.stderr
+
+
+def test_compiled_checkpoint_loads_uncompiled(tmp_path, dataset):
+    train(tmp_path, dataset, "--max_iters=2", "--eval_interval=2", "--total_batch_size=64", "--compile=True",
+          "--model_type=bert")
+    model, ckpt = load_checkpoint(tmp_path / "ckpt.pt")
+    assert not any(k.startswith(("_orig_mod.", "module.")) for k in ckpt["model"])
+    assert ckpt["model_type"] == "bert" and model.config.n_embd == 32
+    assert model.encode(torch.zeros(1, 8, dtype=torch.long)).shape == (1, 8, 32)
+
+
+def test_cli_config_errors_are_clear(dataset):
+    bad = subprocess.run([sys.executable, "train.py", "--batchsize=8"], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode != 0
+    assert "unknown setting 'batchsize'" in bad.stderr and "batch_size" in bad.stderr
+    odd = subprocess.run([sys.executable, "train.py", "--total_batch_size=100", f"--dataset={dataset}"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert odd.returncode != 0 and "must be a multiple of" in odd.stderr
+
+
+def test_configure_types_and_files(tmp_path):
+    defaults = {"lr": 1e-3, "steps": 10, "name": "x", "flag": True, "ratio": None}
+    cfg_file = tmp_path / "c.py"
+    cfg_file.write_text("steps = 20\nname = 'y'\n")
+    cfg = configure(defaults, [str(cfg_file), "--lr=1", "--flag=False", "--ratio=0.3", "--name=z"])
+    assert cfg == {"lr": 1.0, "steps": 20, "name": "z", "flag": False, "ratio": 0.3}
+    for argv, message in [(["--steps=1.5"], "steps must be a int"), (["--flag=1"], "flag must be a bool"),
+                          (["--steps"], "expected --key=value"), (["nope.py"], "no such config file")]:
+        with pytest.raises(SystemExit, match=message):
+            configure(defaults, argv)
