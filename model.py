@@ -38,7 +38,7 @@ class ModelConfig:
     vocab_size: int = 50304         # GPT-2's 50257 ids + <mask> + <pad>, padded to a multiple of 64
     n_layer: int = 4                # encoder depth
     n_head: int = 4
-    n_embd: int = 256
+    n_embd: int = 128
     pred_layer: int | None = None   # CrossBERT predictor depth; None = max(1, n_layer // 4)
     mask_ratio: float | None = None # None = the model's default: BERT 0.2, CrossBERT 0.5
     cms: bool | None = None         # complementary views; None = the model's default: BERT off, CrossBERT on

@@ -37,7 +37,7 @@ from model import MODELS, ModelConfig
 model_type = "crossbert"      # bert | crossbert
 n_layer = 4
 n_head = 4
-n_embd = 256
+n_embd = 128
 block_size = 128
 pred_layer = None             # CrossBERT predictor depth; None = max(1, n_layer // 4)
 mask_ratio = None             # None = the model's default: BERT 0.2, CrossBERT 0.5
@@ -53,7 +53,7 @@ total_batch_size = 2048       # input tokens per optimizer step over all process
 learning_rate = 2e-3
 min_lr = 2e-4
 warmup_iters = 30
-max_iters = 300
+max_iters = 250
 weight_decay = 0.1
 beta1 = 0.9
 beta2 = 0.98
@@ -61,8 +61,8 @@ grad_clip = 1.0               # 0 = off
 # evaluation, logging, checkpoints
 out_dir = "out"
 init_from = "scratch"         # scratch | resume (from out_dir/ckpt.pt)
-eval_interval = 100
-eval_iters = 20               # validation batches
+eval_interval = 50
+eval_iters = 10               # validation batches
 log_interval = 10
 probe_interval = 0            # >0: frozen-probe GLUE tasks every this many steps (probe.py)
 probe_tasks = "SST-2"
@@ -229,10 +229,8 @@ def stop_non_finite(what, value):
 
 
 def run_probe():
-    from probe import probe_tasks as probe
-    scores = probe(raw_model, probe_tasks.split(","), probe_glue_dir or None, probe_max_train, device=device)
-    raw_model.train()
-    return scores
+    from probe import probe_tasks as probe  # frozen GLUE probes on the bare model, the paper's monitor
+    return probe(raw_model, probe_tasks, probe_glue_dir or None, probe_max_train)
 
 
 # -----------------------------------------------------------------------------

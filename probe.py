@@ -1,0 +1,491 @@
+"""
+Frozen evaluation: how usable are a backbone's features to simple probes?
+
+The backbone is frozen. Each sentence (or pair, encoded jointly as `a <|endoftext|> b`) becomes
+the mean of its last-layer states over its real tokens. Two probes are fitted on the train split
+and scored on dev with each task's GLUE metric:
+  - linear: closed-form ridge regression on standardised features onto one-hot targets (argmax),
+    or onto the score for regression (STS-B); λ picked on a held-out part of train;
+  - kNN: cosine similarity, similarity-weighted vote of the k nearest train examples (weighted
+    mean of their scores for regression); k picked on the same held-out part.
+
+    python probe.py --ckpt=out/ckpt.pt --glue_dir=../shared/glue --tasks=SST-2,CoLA,MRPC,STS-B,RTE,WNLI
+    python probe.py --ckpt=random --glue_dir=../shared/glue --max_train=2000   # untrained baseline
+    python probe.py --ckpt=out/ckpt.pt --layers=all --out=probe.json           # layer-wise table
+    python probe.py --tasks=path/to/my_task                                     # your own train.tsv/dev.tsv
+
+Without --glue_dir, GLUE comes from the hub (nyu-mll/glue). train.py calls probe_tasks().
+"""
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+import time
+from collections import namedtuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from data.tokenizer import EOT, PAD, encode_batch
+from model import MODELS, ModelConfig, load_checkpoint
+
+LAMBDAS = 10.0 ** np.arange(-5, 2.01, 0.5)  # ridge penalty per training example (features have unit variance)
+KS = (1, 3, 5, 10, 20, 50, 100)
+TAU = 0.07      # kNN vote weight exp(similarity / TAU), as in instance-discrimination kNN (our choice)
+VAL_FRAC = 0.2  # part of train held out to pick λ and k
+
+
+class ProbeError(Exception):
+    """Bad input; the message names the file or option and the fix."""
+
+# ----------------------------------------------------------------------------
+# Features
+
+
+def tokenize(texts, block_size):
+    """Token ids of single sentences, or of pairs encoded jointly as a + [EOT] + b; (ids, number truncated)."""
+    columns = [encode_batch([t[j] for t in texts]) for j in range(len(texts[0]))]
+    ids, n_truncated = [], 0
+    for parts in zip(*columns):
+        if len(parts) == 1:
+            x = parts[0][:block_size] or [EOT]  # our choice: an empty text is a lone <|endoftext|>
+        else:
+            a, b = parts
+            # our choice: trim the longer side first, so each side keeps at least half of the room
+            room = block_size - 1
+            keep_b = min(len(b), max(room // 2, room - len(a)))
+            x = a[:room - keep_b] + [EOT] + b[:keep_b]
+        n_truncated += sum(map(len, parts)) + len(parts) - 1 > block_size
+        ids.append(x)
+    return ids, n_truncated
+
+
+@torch.inference_mode()
+def features(model, ids, layers, batch_size=64, desc=None):
+    """{layer: (N, C) float32 array}: each sequence's hidden states at that layer, averaged over its tokens."""
+    device = next(model.parameters()).device
+    order = np.argsort([len(x) for x in ids], kind="stable")  # similar lengths per batch: little padding
+    pooled = {layer: [] for layer in layers}
+    for start in range(0, len(ids), batch_size):
+        batch = [ids[i] for i in order[start:start + batch_size]]
+        lengths = torch.tensor([len(x) for x in batch])
+        idx = torch.full((len(batch), int(lengths.max())), PAD, dtype=torch.long)
+        for row, x in enumerate(batch):
+            idx[row, :len(x)] = torch.tensor(x)
+        mask = torch.arange(idx.size(1)) < lengths[:, None]
+        hs = model.encode(idx.to(device), mask.to(device), layers=list(layers))
+        m = mask.to(device)[..., None].float()
+        for layer, h in zip(layers, hs):
+            pooled[layer].append(((h.float() * m).sum(1) / m.sum(1)).cpu().numpy())
+        if desc:
+            done = min(start + batch_size, len(ids))
+            print(f"\r{desc}: {done}/{len(ids)}", end="\n" if done == len(ids) else "", file=sys.stderr, flush=True)
+    out = {}
+    for layer, chunks in pooled.items():
+        out[layer] = np.empty((len(ids), chunks[0].shape[1]), np.float32)
+        out[layer][order] = np.concatenate(chunks)
+    return out
+
+# ----------------------------------------------------------------------------
+# Probes
+
+
+def standardise(X, *others):
+    """X and others scaled by X's per-feature mean and standard deviation."""
+    mean, std = X.mean(0), X.std(0) + 1e-6
+    return [(A - mean) / std for A in (X, *others)]
+
+
+def ridge(X, Y, Xq, lams):
+    """Predictions on Xq of the ridge fit of Y on X for every λ in lams, from one eigendecomposition.
+
+    Each fit minimises mean_i |y_i - b - W x_i|^2 + λ |W|^2; the intercept b is not penalised,
+    which centring X and Y on their means does. With X'X = V diag(s) V' the solution is
+    W = V diag(1 / (s + nλ)) V'X'Y, so every λ costs two small matmuls. When there are fewer
+    examples than features the Gram matrix XX' = U diag(s) U' is the smaller one, and
+    W = X'U diag(1 / (s + nλ)) U'Y.
+    """
+    X, Y, Xq = (np.asarray(A, np.float64) for A in (X, Y, Xq))
+    n, d = X.shape
+    mx, my = X.mean(0), Y.mean(0)
+    X, Y, Xq = X - mx, Y - my, Xq - mx
+    if d <= n:
+        s, V = np.linalg.eigh(X.T @ X)
+        P, B = Xq @ V, V.T @ (X.T @ Y)
+    else:
+        s, U = np.linalg.eigh(X @ X.T)
+        P, B = Xq @ X.T @ U, U.T @ Y
+    s = np.clip(s, 0, None)  # roundoff can make the smallest eigenvalues slightly negative
+    return [P @ (B / (s + n * lam)[:, None]) + my for lam in lams]
+
+
+def knn(X, y, Xq, ks, n_classes=None, device="cpu"):
+    """kNN predictions on Xq for every k in ks, by cosine similarity to the rows of X.
+
+    Neighbours vote with weight exp(similarity / TAU): class votes (argmax) for classification,
+    the weighted mean of their targets when n_classes is None (regression).
+    """
+    X = F.normalize(torch.as_tensor(X, dtype=torch.float32, device=device), dim=1)
+    Q = F.normalize(torch.as_tensor(Xq, dtype=torch.float32, device=device), dim=1)
+    y = torch.as_tensor(y, device=device)
+    # regression: a column of ones rides along, so its vote is the sum of the weights
+    Y = F.one_hot(y, n_classes).float() if n_classes else torch.stack([y.float(), torch.ones_like(y).float()], 1)
+    kmax = min(max(ks), len(X))
+    preds = [[] for _ in ks]
+    step = max(1, 2 ** 24 // len(X))  # queries per chunk: a (step, n) similarity matrix of 64 MB at most
+    for i in range(0, len(Q), step):
+        sim, nearest = (Q[i:i + step] @ X.T).topk(kmax, dim=1)
+        votes = (torch.exp(sim / TAU)[..., None] * Y[nearest]).cumsum(1)  # votes of the nearest 1..kmax
+        for j, k in enumerate(ks):
+            v = votes[:, min(k, kmax) - 1]
+            preds[j].append(v.argmax(1) if n_classes else v[:, 0] / v[:, 1])
+    return [torch.cat(p).cpu().numpy() for p in preds]
+
+# ----------------------------------------------------------------------------
+# Metrics: predictions and gold labels as numpy arrays; binary metrics take class 1 as positive
+
+
+def accuracy(pred, gold):
+    return float(np.mean(pred == gold))
+
+
+def f1(pred, gold, positive=1):
+    tp = np.sum((pred == positive) & (gold == positive))
+    wrong = np.sum((pred == positive) != (gold == positive))  # false positives + false negatives
+    return float(2 * tp / (2 * tp + wrong)) if tp else 0.0
+
+
+def macro_f1(pred, gold):
+    return float(np.mean([f1(pred, gold, c) for c in np.union1d(pred, gold)]))
+
+
+def matthews(pred, gold):
+    tp, tn = float(np.sum((pred == 1) & (gold == 1))), float(np.sum((pred != 1) & (gold != 1)))
+    fp, fn = float(np.sum((pred == 1) & (gold != 1))), float(np.sum((pred != 1) & (gold == 1)))
+    den = math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    return (tp * tn - fp * fn) / den if den else 0.0  # a constant prediction or gold: no correlation
+
+
+def pearson(x, y):
+    x, y = x - np.mean(x), y - np.mean(y)
+    den = math.sqrt(np.sum(x * x) * np.sum(y * y))
+    return float(np.sum(x * y) / den) if den else 0.0
+
+
+def ranks(x):
+    """1-based ranks of x; tied values share the average of their ranks."""
+    order = np.argsort(x, kind="stable")
+    xs = np.asarray(x)[order]
+    starts = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1]])
+    ends = np.r_[starts[1:], len(xs)]
+    r = np.empty(len(xs))
+    r[order] = np.repeat((starts + ends + 1) / 2, ends - starts)
+    return r
+
+
+def spearman(x, y):
+    return pearson(ranks(x), ranks(y))
+
+
+METRICS = dict(acc=accuracy, f1=f1, macro_f1=macro_f1, mcc=matthews, pearson=pearson, spearman=spearman)
+
+
+def score(pred, gold, metrics):
+    """(mean of the task's metrics, {metric: value}), in percent; GLUE averages MRPC's and STS-B's two."""
+    values = {m: 100 * METRICS[m](pred, gold) for m in metrics}
+    return float(np.mean(list(values.values()))), values
+
+# ----------------------------------------------------------------------------
+# Probing one feature set
+
+
+def probe(Ftr, ytr, Fdev, ydev, classes, metrics, seed=1337, device="cpu"):
+    """Linear and kNN probe scores on dev, with λ and k chosen on a held-out part of train."""
+    n_classes = len(classes) if classes else None
+    perm = np.random.default_rng(seed).permutation(len(Ftr))
+    val, fit = np.split(perm, [max(1, int(VAL_FRAC * len(Ftr)))])
+    Xfit, Xval = standardise(Ftr[fit], Ftr[val])
+    Xtr, Xdev = standardise(Ftr, Fdev)
+    Y = np.eye(n_classes)[ytr] if n_classes else ytr[:, None]  # one-hot: one-vs-rest targets
+    decode = (lambda P: P.argmax(1)) if n_classes else (lambda P: P[:, 0])
+    best = lambda preds: int(np.argmax([score(p, ytr[val], metrics)[0] for p in preds]))
+    # once λ and k are chosen, the probes are refitted on all of train (our choice)
+    lam = LAMBDAS[best([decode(P) for P in ridge(Xfit, Y[fit], Xval, LAMBDAS)])]
+    linear, linear_metrics = score(decode(ridge(Xtr, Y, Xdev, [lam])[0]), ydev, metrics)
+    # kNN on the standardised features too (our choice): in raw pooled states a few large, nearly
+    # constant dimensions would dominate every cosine
+    ks = [k for k in KS if k <= len(fit)]
+    k = ks[best(knn(Xfit, ytr[fit], Xval, ks, n_classes, device))]
+    knn_score, knn_metrics = score(knn(Xtr, ytr, Xdev, [k], n_classes, device)[0], ydev, metrics)
+    return dict(dim=Ftr.shape[1], linear=dict(score=linear, metrics=linear_metrics, lam=float(lam)),
+                knn=dict(score=knn_score, metrics=knn_metrics, k=k))
+
+
+def evaluate(model, tasks, layers, batch_size=64, seed=1337, verbose=True):
+    """{task name: counts, timing and, per layer, the probe() results} for tasks from load_task()."""
+    device = next(model.parameters()).device
+    results = {}
+    for task in tasks:
+        t0 = time.time()
+        feats, n_truncated = {}, 0
+        for split in ("train", "dev"):
+            ids, n = tokenize(task[split][0], model.config.block_size)
+            feats[split] = features(model, ids, layers, batch_size, f"{task['name']} {split}" if verbose else None)
+            n_truncated += n
+        t1 = time.time()
+        per_layer = {layer: probe(feats["train"][layer], task["train"][1], feats["dev"][layer], task["dev"][1],
+                                  task["classes"], task["metrics"], seed, device) for layer in layers}
+        results[task["name"]] = dict(metrics=task["metrics"], classes=task["classes"], n_train=len(task["train"][1]),
+                                     n_dev=len(task["dev"][1]), n_truncated=n_truncated, layers=per_layer,
+                                     time_features_s=round(t1 - t0, 2), time_probes_s=round(time.time() - t1, 2))
+    return results
+
+
+def probe_tasks(model, tasks, glue_dir=None, max_train=2000, batch_size=64, seed=1337):
+    """Last-layer probe scores {"<task>/linear": %, "<task>/knn": %}: train.py's monitor during training.
+
+    tasks: a list of names or a comma-separated string; pass the bare model (not DDP or compiled).
+    The model's train/eval mode is restored.
+    """
+    tasks = tasks.split(",") if isinstance(tasks, str) else tasks
+    was_training = model.training
+    model.eval()
+    try:
+        res = evaluate(model, [load_task(t, glue_dir, max_train, seed) for t in tasks],
+                       [model.config.n_layer], batch_size, seed, verbose=False)
+    finally:
+        model.train(was_training)
+    last = model.config.n_layer
+    return {f"{name}/{p}": r["layers"][last][p]["score"] for name, r in res.items() for p in ("linear", "knn")}
+
+# ----------------------------------------------------------------------------
+# Tasks: GLUE from the official TSV layout or the hub, or a folder of the user's
+
+
+# TSV columns: the text column(s), then the label; the hub names them as hub_texts, then "label"
+Task = namedtuple("Task", "hub columns hub_texts classes metrics")
+PAIR, BINARY, NLI = ("sentence1", "sentence2"), ("0", "1"), ("entailment", "not_entailment")
+GLUE = {
+    "SST-2": Task("sst2", ("sentence", "label"), ("sentence",), BINARY, ("acc",)),
+    "CoLA": Task("cola", ("sentence", "label"), ("sentence",), BINARY, ("mcc",)),
+    "MRPC": Task("mrpc", ("#1 String", "#2 String", "Quality"), PAIR, BINARY, ("f1", "acc")),
+    "STS-B": Task("stsb", PAIR + ("score",), PAIR, None, ("pearson", "spearman")),
+    "QQP": Task("qqp", ("question1", "question2", "is_duplicate"), ("question1", "question2"), BINARY, ("f1", "acc")),
+    "MNLI": Task("mnli", PAIR + ("gold_label",), ("premise", "hypothesis"), ("entailment", "neutral", "contradiction"),
+                 ("acc",)),
+    "QNLI": Task("qnli", ("question", "sentence", "label"), ("question", "sentence"), NLI, ("acc",)),
+    "RTE": Task("rte", PAIR + ("label",), PAIR, NLI, ("acc",)),
+    "WNLI": Task("wnli", PAIR + ("label",), PAIR, BINARY, ("acc",)),
+}
+COLA_HEADER = ["source", "label", "original_label", "sentence"]  # CoLA's TSVs have no header row
+
+
+def read_tsv(path, header=None):
+    """{column name: [values]} of a TSV whose first row names the columns (or with the given header).
+
+    Quoting is off, as GLUE's files need: their quote characters are text, not field delimiters.
+    """
+    if not os.path.isfile(path):
+        raise ProbeError(f"{path} is missing; a task folder needs train.tsv and dev.tsv (dev_matched.tsv for MNLI)")
+    with open(path, encoding="utf-8-sig", newline="") as f:  # utf-8-sig drops MRPC's byte-order mark
+        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        rows = [(reader.line_num, row) for row in reader if row]
+    names = header or (rows.pop(0)[1] if rows else [])
+    if not rows:
+        raise ProbeError(f"{path} has no examples; fill it or leave the task out of --tasks")
+    for line, row in rows:
+        if len(row) != len(names):
+            raise ProbeError(f"{path}:{line} has {len(row)} tab-separated fields where the header has {len(names)}; "
+                             "fix or delete that row (a field may not contain a tab)")
+    return dict(zip(names, zip(*(row for _, row in rows))))
+
+
+def pick(table, columns, path):
+    """(texts: [tuple of the text columns], raw labels) from a read_tsv() table; the label column is last."""
+    missing = [c for c in columns if c not in table]
+    if missing:
+        raise ProbeError(f"{path} has no column {missing[0]!r} (its columns: {', '.join(table)}); rename the column")
+    *texts, labels = (table[c] for c in columns)
+    return list(zip(*texts)), list(labels)
+
+
+def parses(kind, s):
+    try:
+        return kind(s) is not None
+    except ValueError:
+        return False
+
+
+def to_labels(raw, classes, path):
+    """Class indices of raw label strings, or floats when classes is None (regression)."""
+    bad = [x for x in raw if (x not in classes if classes else not parses(float, x))]
+    if bad:
+        expected = f"one of {', '.join(classes)}" if classes else "a number"
+        raise ProbeError(f"{path}: label {bad[0]!r} is not {expected}; fix the label column")
+    return np.array([classes.index(x) for x in raw]) if classes else np.array([float(x) for x in raw])
+
+
+def glue_split(name, glue_dir, split):
+    """(texts, labels) of a GLUE split from the official layout, or from the hub without glue_dir."""
+    task = GLUE[name]
+    if glue_dir is None:
+        import datasets  # only this path needs it
+        hub_split = {"train": "train", "dev": "validation_matched" if name == "MNLI" else "validation"}[split]
+        try:
+            ds = datasets.load_dataset("nyu-mll/glue", task.hub, split=hub_split)
+        except Exception as e:  # no internet, no cache, hub down: all end here
+            raise ProbeError(f"cannot load GLUE {name} from the hub (nyu-mll/glue, {task.hub}): "
+                             f"{str(e).splitlines()[0]}; offline, pass --glue_dir=PATH with PATH/<TASK>/train.tsv "
+                             "and dev.tsv") from None
+        return list(zip(*(ds[c] for c in task.hub_texts))), np.array(ds["label"])
+    folder = os.path.join(glue_dir, name)
+    if not os.path.isdir(folder):
+        raise ProbeError(f"no folder {folder} for GLUE task {name}; put its train.tsv and dev.tsv there, "
+                         f"or leave {name} out of --tasks")
+    path = os.path.join(folder, "dev_matched.tsv" if (name, split) == ("MNLI", "dev") else f"{split}.tsv")
+    texts, raw = pick(read_tsv(path, COLA_HEADER if name == "CoLA" else None), task.columns, path)
+    return texts, to_labels(raw, task.classes, path)
+
+
+def folder_task(folder):
+    """(classes, metrics, {split: (texts, labels)}) of a user's folder with train.tsv and dev.tsv.
+
+    Each has a header row, a `sentence` column (or `sentence1` and `sentence2`) and a `label` column.
+    Integer or string labels make it classification, float labels regression.
+    """
+    paths = {s: os.path.join(folder, f"{s}.tsv") for s in ("train", "dev")}
+    tables = {s: read_tsv(p) for s, p in paths.items()}
+    columns = ("sentence1", "sentence2", "label") if "sentence1" in tables["train"] else ("sentence", "label")
+    data = {s: pick(tables[s], columns, paths[s]) for s in paths}
+    labels = data["train"][1] + data["dev"][1]
+    if all(parses(int, x) for x in labels):
+        classes = sorted(set(data["train"][1]), key=int)
+    elif all(parses(float, x) for x in labels):
+        classes = None
+    else:
+        classes = sorted(set(data["train"][1]))
+    metrics = ("pearson", "spearman") if classes is None else ("acc", "macro_f1") if len(classes) > 2 else ("acc",)
+    return classes, metrics, {s: (texts, to_labels(raw, classes, paths[s])) for s, (texts, raw) in data.items()}
+
+
+def load_task(name, glue_dir=None, max_train=0, seed=1337):
+    """A GLUE task by name, or a user's task by folder path: dict(name, classes, metrics, train, dev).
+
+    train and dev are (texts, labels); max_train > 0 keeps a random subset of train (seeded).
+    """
+    glue_name = {k.upper(): k for k in GLUE}.get(name.upper())
+    if glue_name:
+        classes, metrics = GLUE[glue_name].classes, GLUE[glue_name].metrics
+        data = {s: glue_split(glue_name, glue_dir, s) for s in ("train", "dev")}
+    elif os.path.isdir(name):
+        classes, metrics, data = folder_task(name)
+    else:
+        raise ProbeError(f"unknown task {name!r}; use GLUE names ({','.join(GLUE)}) or the path of a folder "
+                         "with train.tsv and dev.tsv")
+    texts, labels = data["train"]
+    if len(labels) < 2:
+        raise ProbeError(f"task {name} has {len(labels)} training example; the probes need at least 2")
+    if 0 < max_train < len(labels):
+        keep = np.sort(np.random.default_rng(seed).permutation(len(labels))[:max_train])
+        data["train"] = [texts[i] for i in keep], labels[keep]
+    name = glue_name or os.path.basename(os.path.normpath(name))
+    return dict(name=name, classes=classes, metrics=metrics, **data)
+
+# ----------------------------------------------------------------------------
+# Command line
+
+
+def load_model(args):
+    """(model, description) from --ckpt: a train.py checkpoint, or 'random' for an untrained baseline."""
+    if args.ckpt == "random":
+        torch.manual_seed(args.seed)
+        config = ModelConfig(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=args.block_size)
+        model = MODELS[args.model_type](config).to(args.device).eval()
+        return model, dict(ckpt="random", model_type=args.model_type, model_args=vars(model.config), seed=args.seed)
+    try:
+        model, ckpt = load_checkpoint(args.ckpt, device=args.device)
+    except ValueError as e:
+        raise ProbeError(str(e)) from None
+    return model, dict(ckpt=args.ckpt, model_type=ckpt["model_type"], model_args=ckpt["model_args"],
+                       step=ckpt.get("step"), tokens=ckpt.get("tokens"))
+
+
+def parse_layers(spec, n_layer):
+    if spec in ("last", "all"):
+        return [n_layer] if spec == "last" else list(range(1, n_layer + 1))
+    layers = [int(x) for x in spec.split(",") if x.isdigit()]
+    if len(layers) != len(spec.split(",")) or not all(1 <= x <= n_layer for x in layers):
+        raise ProbeError(f"--layers={spec}: use last, all, or layer numbers in 1..{n_layer} (e.g. 2,{n_layer})")
+    return layers
+
+
+def table(results, layers, averages):
+    """The markdown table: a row per task and layer, then each layer's average."""
+    fmt = lambda s, ms: f"{s:.1f}" if len(ms) == 1 else f"{s:.1f} ({'/'.join(f'{v:.1f}' for v in ms.values())})"
+    lines = ["| layer | task | metric | n_train | n_dev | linear | λ | kNN | k |", "|---" * 9 + "|"]
+    for layer in layers:
+        for name, r in results.items():
+            p = r["layers"][layer]
+            lines.append(f"| {layer} | {name} | {'/'.join(r['metrics'])} | {r['n_train']} | {r['n_dev']} "
+                         f"| {fmt(p['linear']['score'], p['linear']['metrics'])} | {p['linear']['lam']:.2g} "
+                         f"| {fmt(p['knn']['score'], p['knn']['metrics'])} | {p['knn']['k']} |")
+        avg = averages[layer]
+        lines.append(f"| {layer} | **average** | | | | **{avg['linear']:.1f}** | | **{avg['knn']:.1f}** | |")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    d = ModelConfig()
+    p = argparse.ArgumentParser(description="Frozen linear and kNN probes of a checkpoint on GLUE (or your tasks).")
+    p.add_argument("--ckpt", default="out/ckpt.pt", help="a checkpoint of train.py, or 'random' (untrained baseline)")
+    p.add_argument("--tasks", default=",".join(GLUE), help="comma-separated GLUE names or folders of train/dev.tsv")
+    p.add_argument("--glue_dir", default=None, help="GLUE in the official layout PATH/<TASK>/*.tsv (default: the hub)")
+    p.add_argument("--layers", default="last", help="last, all, or comma-separated layer numbers (1-based)")
+    p.add_argument("--max_train", type=int, default=0, help="keep a random subset of this many train examples (0: all)")
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", default=None, help="write every score, λ, k, count and timing to this JSON file")
+    p.add_argument("--model_type", default="crossbert", choices=sorted(MODELS), help="--ckpt=random only, as below")
+    p.add_argument("--n_layer", type=int, default=d.n_layer)
+    p.add_argument("--n_head", type=int, default=d.n_head)
+    p.add_argument("--n_embd", type=int, default=d.n_embd)
+    p.add_argument("--block_size", type=int, default=d.block_size)
+    args = p.parse_args(argv)
+    try:
+        run(args)
+    except ProbeError as e:
+        sys.exit(f"probe.py: error: {e}")
+
+
+def run(args):
+    t0 = time.time()
+    # all data first, so that bad input fails before any model is loaded
+    tasks = [load_task(t, args.glue_dir, args.max_train, args.seed) for t in args.tasks.split(",")]
+    model, info = load_model(args)
+    layers = parse_layers(args.layers, model.config.n_layer)
+    results = evaluate(model, tasks, layers, args.batch_size, args.seed)
+    averages = {layer: {p: float(np.mean([r["layers"][layer][p]["score"] for r in results.values()]))
+                        for p in ("linear", "knn")} for layer in layers}
+    print(f"{info['ckpt']}: {info['model_type']}, {model.config.n_layer} layers x {model.config.n_embd}"
+          + (f", step {info['step']}" if info.get("step") is not None else "") + "\n")
+    print(table(results, layers, averages))
+    notes = [f"{n} {r['n_truncated']}" for n, r in results.items() if r["n_truncated"]]
+    print(f"\nsequences truncated to block_size {model.config.block_size}: {', '.join(notes) or 'none'}")
+    regression = [n for n, r in results.items() if r["classes"] is None]
+    if regression:
+        print(f"{', '.join(regression)}: regression; the linear probe fits the score, "
+              "kNN takes the weighted mean of the neighbours' scores")
+    elapsed = time.time() - t0
+    print(f"wall time {elapsed:.0f} s")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(**info, layers=layers, tasks=results, average=averages, args=vars(args), time_s=elapsed),
+                      f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import probe
+from data.tokenizer import EOT, PAD, encode
+from model import CrossBERT, ModelConfig
+
+ROOT = probe.__file__.rsplit("/", 1)[0]
+TINY = ["--ckpt=random", "--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=4"]
+
+
+# ---------------------------------------------------------------- probes
+
+@pytest.mark.parametrize("n,d", [(40, 5), (6, 10)])  # covariance path, then Gram path (fewer examples than features)
+def test_ridge_matches_lstsq_of_augmented_system(n, d):
+    rng = np.random.default_rng(0)
+    X, Y, Xq = rng.normal(size=(n, d)) + 3, rng.normal(size=(n, 2)), rng.normal(size=(7, d))
+    lams = [1e-3, 0.1, 10.0]
+    for lam, pred in zip(lams, probe.ridge(X, Y, Xq, lams)):
+        # [1 X; 0 sqrt(nλ) I] [b; W] = [Y; 0]: the intercept's column has no penalty row
+        A = np.block([[np.ones((n, 1)), X], [np.zeros((d, 1)), math.sqrt(n * lam) * np.eye(d)]])
+        sol = np.linalg.lstsq(A, np.vstack([Y, np.zeros((d, 2))]), rcond=None)[0]
+        np.testing.assert_allclose(pred, sol[0] + Xq @ sol[1:], rtol=1e-8, atol=1e-10)
+
+
+def test_knn_toy_labels_and_regression():
+    X = np.array([[1, 0], [0.9, 0.1], [0, 1], [0.1, 0.9], [-1, 0.05]])
+    y = np.array([0, 0, 1, 1, 2])
+    Xq = np.array([[2, 0.1], [0.05, 3], [-5, 0]])
+    k1, k3 = probe.knn(X, y, Xq, [1, 3], n_classes=3)
+    assert k1.tolist() == [0, 1, 2] and k3.tolist() == [0, 1, 2]  # the two nearest outvote the third
+    # regression, k=2: exp(sim / TAU)-weighted mean of the two nearest targets
+    t = np.array([0.0, 1.0, 5.0, 7.0, 9.0])
+    q = np.array([[1.0, 0.5]])
+    sims = X[:2] @ q[0] / np.linalg.norm(X[:2], axis=1) / np.linalg.norm(q[0])
+    w = np.exp(sims / probe.TAU)
+    (pred,) = probe.knn(X, t, q, [2])
+    assert pred[0] == pytest.approx((w * t[:2]).sum() / w.sum(), rel=1e-5)
+
+
+def test_probe_separates_a_separable_task():
+    rng = np.random.default_rng(1)
+    F = rng.normal(size=(300, 8)).astype(np.float32)
+    y = (F[:, 0] > 0).astype(int)
+    out = probe.probe(F[:200], y[:200], F[200:], y[200:], ("0", "1"), ("acc",))
+    assert out["linear"]["score"] >= 95 and out["knn"]["score"] >= 80
+    assert out["linear"]["lam"] in probe.LAMBDAS and out["knn"]["k"] in probe.KS and out["dim"] == 8
+
+
+# ---------------------------------------------------------------- metrics
+
+def test_metrics_by_hand():
+    pred, gold = np.array([1, 1, 0, 0, 1]), np.array([1, 0, 0, 0, 1])
+    assert probe.accuracy(pred, gold) == pytest.approx(0.8)
+    assert probe.f1(pred, gold) == pytest.approx(0.8)  # tp 2, fp 1, fn 0: 4 / 5
+    assert probe.matthews(pred, gold) == pytest.approx(4 / 6)  # (2*2 - 1*0) / sqrt(3*2*3*2)
+    assert probe.matthews(np.ones(4), np.array([1, 0, 1, 0])) == 0.0  # predicted class 0 missing
+    assert probe.matthews(np.array([1, 0, 1, 0]), np.zeros(4)) == 0.0  # gold class 1 missing
+    assert probe.f1(np.zeros(3), np.array([1, 0, 0])) == 0.0
+    # 3 classes: per-class F1 1, 2/3, 0 -> mean 5/9
+    assert probe.macro_f1(np.array([0, 1, 1, 0]), np.array([0, 1, 2, 0])) == pytest.approx(5 / 9)
+    assert probe.pearson(np.array([1.0, 2, 3]), np.array([2.0, 4, 7])) == pytest.approx(5 / math.sqrt(2 * 38 / 3))
+    assert probe.pearson(np.ones(3), np.arange(3.0)) == 0.0
+
+
+def test_spearman_with_ties():
+    assert probe.ranks(np.array([10, 20, 20, 30, 20])).tolist() == [1, 3, 3, 5, 3]
+    # ranks x: 1, 2.5, 2.5, 4; y: 1, 3, 2, 4 -> covariance 4.5 / sqrt(4.5 * 5)
+    assert probe.spearman(np.array([1, 2, 2, 3]), np.array([1, 3, 2, 4])) == pytest.approx(4.5 / math.sqrt(22.5))
+    assert probe.spearman(np.array([3.0, 1, 2]), np.array([30.0, 10, 20])) == pytest.approx(1.0)
+
+
+def test_score_averages_task_metrics_in_percent():
+    s, values = probe.score(np.array([1, 1, 0, 0, 1]), np.array([1, 0, 0, 0, 1]), ("f1", "acc"))
+    assert values == pytest.approx({"f1": 80.0, "acc": 80.0}) and s == pytest.approx(80.0)
+
+
+# ---------------------------------------------------------------- features
+
+class Recorder(torch.nn.Module):
+    """Stand-in encoder: a token's state is its id (in every channel); it records the inputs it sees."""
+
+    def __init__(self):
+        super().__init__()
+        self.dummy = torch.nn.Parameter(torch.zeros(1))
+        self.seen = []
+
+    def encode(self, idx, attention_mask=None, layers=None):
+        self.seen += [row[mask.bool()].tolist() for row, mask in zip(idx, attention_mask)]
+        assert (idx[~attention_mask.bool()] == PAD).all()
+        return [idx.float()[..., None].expand(-1, -1, 3) * layer for layer in layers]
+
+
+def test_pair_features_come_from_the_joint_encoding():
+    texts = [("A man is playing.", "Someone plays a flute loudly tonight."), ("Hi", "there"), ("Dogs bark at night.", "")]
+    ids, n_truncated = probe.tokenize(texts, block_size=64)
+    joint = [encode(a) + [EOT] + encode(b) for a, b in texts]
+    assert ids == joint and n_truncated == 0
+    model = Recorder()
+    feats = probe.features(model, ids, layers=[1, 2], batch_size=2)
+    assert sorted(model.seen) == sorted(joint)  # batches sorted by length, padded with PAD, masked
+    for i, x in enumerate(joint):  # back in input order, mean over real tokens only
+        np.testing.assert_allclose(feats[1][i], np.mean(x), rtol=1e-6)
+        np.testing.assert_allclose(feats[2][i], 2 * np.mean(x), rtol=1e-6)
+
+
+def test_truncation_keeps_both_sides_and_counts():
+    a, b = "word " * 50, "other " * 5
+    room = 15 - len(encode(b))  # 16 minus EOT minus b: the short side is kept whole
+    ids, n = probe.tokenize([(a, b), ("short", "pair"), (b, a)], block_size=16)
+    assert n == 2 and [len(x) for x in ids] == [16, 3, 16]
+    assert ids[0] == encode(a)[:room] + [EOT] + encode(b)  # the longer side is trimmed first
+    assert ids[2] == encode(b) + [EOT] + encode(a)[:room]
+    assert probe.tokenize([(a,), ("short",)], 16) == ([encode(a)[:16], encode("short")], 1)
+    assert probe.tokenize([("",)], 16)[0] == [[EOT]]  # an empty text still has a token to average
+
+
+# ---------------------------------------------------------------- data
+
+def write(path, rows, bom=False):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(("\ufeff" if bom else "") + "\n".join("\t".join(map(str, r)) for r in rows) + "\n", encoding="utf-8")
+
+
+def tiny_glue(root, n_train=24, n_dev=8):
+    """A GLUE-format folder with the quirks of the official files: headerless CoLA, MRPC's BOM, STS-B's 10 columns."""
+    good, bad = ["great fun", "a lovely film", "wonderful acting"], ["dull and slow", "a boring mess", "awful plot"]
+    def sents(i):
+        return (good if i % 2 else bad)[i % 3] + f" number {i}", i % 2
+    for split, n in (("train", n_train), ("dev", n_dev)):
+        ex = [sents(i) for i in range(n)]
+        write(root / "SST-2" / f"{split}.tsv", [("sentence", "label")] + ex)
+        write(root / "CoLA" / f"{split}.tsv", [("gj04", y, "", s) for s, y in ex])
+        write(root / "MRPC" / f"{split}.tsv", [("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String")]
+              + [(y, i, i + 1, s, '"quoted ' + s) for i, (s, y) in enumerate(ex)], bom=True)
+        write(root / "STS-B" / f"{split}.tsv", [("index", "genre", "filename", "year", "old_index", "source1", "source2",
+                                                 "sentence1", "sentence2", "score")]
+              + [(i, "g", "f", "y", i, "none", "none", s, s[::-1], f"{(i % 6) * 0.8:.3f}") for i, (s, y) in enumerate(ex)])
+        for task, labels in (("RTE", ("entailment", "not_entailment")), ("WNLI", (0, 1))):
+            write(root / task / f"{split}.tsv", [("index", "sentence1", "sentence2", "label")]
+                  + [(i, s, "it is " + s, labels[y]) for i, (s, y) in enumerate(ex)])
+    return root
+
+
+def test_readers_parse_the_official_layouts(tmp_path):
+    glue = str(tiny_glue(tmp_path))
+    cola = probe.load_task("CoLA", glue)
+    assert cola["train"][0][:2] == [("dull and slow number 0",), ("a lovely film number 1",)] and cola["train"][1][:2].tolist() == [0, 1]
+    mrpc = probe.load_task("MRPC", glue)
+    assert mrpc["dev"][0][0] == ("dull and slow number 0", '"quoted dull and slow number 0')  # quotes are text
+    assert probe.load_task("STS-B", glue)["train"][1][:3].tolist() == [0.0, 0.8, 1.6]
+    rte = probe.load_task("rte", glue, max_train=10)
+    assert rte["name"] == "RTE" and len(rte["train"][0]) == 10 and len(rte["dev"][1]) == 8
+    assert rte["train"][1].tolist() == probe.load_task("RTE", glue, max_train=10)["train"][1].tolist()
+
+
+def test_user_task_folder(tmp_path):
+    write(tmp_path / "mine" / "train.tsv", [("sentence", "label"), ("a", "cat"), ("b", "dog"), ("c", "eel")])
+    write(tmp_path / "mine" / "dev.tsv", [("sentence", "label"), ("d", "dog")])
+    t = probe.load_task(str(tmp_path / "mine"))
+    assert t["name"] == "mine" and t["classes"] == ["cat", "dog", "eel"] and t["metrics"] == ("acc", "macro_f1")
+    assert t["dev"][1].tolist() == [1]
+    write(tmp_path / "reg" / "train.tsv", [("sentence1", "sentence2", "label"), ("a", "b", "0.5"), ("c", "d", "2")])
+    write(tmp_path / "reg" / "dev.tsv", [("sentence1", "sentence2", "label"), ("e", "f", "1.25")])
+    t = probe.load_task(str(tmp_path / "reg"))
+    assert t["classes"] is None and t["metrics"] == ("pearson", "spearman") and t["train"][0][1] == ("c", "d")
+
+
+def test_local_glue_row_counts(shared_dir):
+    counts = {"SST-2": (67349, 872), "CoLA": (8551, 1043), "MRPC": (3668, 408), "STS-B": (5749, 1500),
+              "RTE": (2490, 277), "WNLI": (635, 71)}
+    for name, (n_train, n_dev) in counts.items():
+        t = probe.load_task(name, str(shared_dir / "glue"))
+        assert (len(t["train"][0]), len(t["dev"][0])) == (n_train, n_dev), name
+        assert len(t["train"][1]) == n_train and all(s.strip() for s in t["dev"][0][0])
+
+
+# ---------------------------------------------------------------- bad input
+
+def fails(args, *needles):
+    with pytest.raises(SystemExit) as e:
+        probe.main(args)
+    msg = str(e.value.code)
+    assert msg.startswith("probe.py: error:") and "\n" not in msg and all(n in msg for n in needles), msg
+
+
+def test_bad_input_gives_clear_errors(tmp_path):
+    glue = tiny_glue(tmp_path / "glue")
+    fails(TINY + [f"--glue_dir={glue}", "--tasks=SST-2,MNLI"], str(glue / "MNLI"), "leave MNLI out of --tasks")
+    fails(TINY + [f"--glue_dir={glue}", "--tasks=SST-3"], "unknown task 'SST-3'", "SST-2")
+    with open(glue / "RTE" / "dev.tsv", "a") as f:
+        f.write("9\tone field too few\tentailment\n")
+    fails(TINY + [f"--glue_dir={glue}", "--tasks=RTE"], str(glue / "RTE" / "dev.tsv") + ":10", "3 tab-separated fields", "fix or delete")
+    write(glue / "WNLI" / "dev.tsv", [("index", "sentence1", "sentence2", "label")])
+    fails(TINY + [f"--glue_dir={glue}", "--tasks=WNLI"], str(glue / "WNLI" / "dev.tsv"), "no examples")
+    write(glue / "SST-2" / "dev.tsv", [("sentence", "label"), ("fine", "2")])
+    fails(TINY + [f"--glue_dir={glue}", "--tasks=SST-2"], "label '2' is not one of 0, 1")
+    junk = tmp_path / "ckpt.pt"
+    junk.write_text("not a checkpoint")
+    fails([f"--ckpt={junk}", f"--glue_dir={glue}", "--tasks=CoLA"], str(junk), "not a checkpoint")
+    fails([f"--ckpt={tmp_path / 'none.pt'}", f"--glue_dir={glue}", "--tasks=CoLA"], "none.pt")
+    fails(TINY + [f"--glue_dir={glue}", "--tasks=CoLA", "--layers=3"], "--layers=3", "1..2")
+
+
+def test_cli_error_is_one_line_without_traceback(tmp_path):
+    r = subprocess.run([sys.executable, "probe.py", "--ckpt=random", f"--glue_dir={tmp_path}", "--tasks=QNLI"],
+                       cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [f"probe.py: error: no folder {tmp_path}/QNLI for GLUE task QNLI; "
+                                             "put its train.tsv and dev.tsv there, or leave QNLI out of --tasks"]
+
+
+# ---------------------------------------------------------------- end to end
+
+def test_end_to_end_random_model(tmp_path):
+    glue = tiny_glue(tmp_path / "glue")
+    write(tmp_path / "mine" / "train.tsv", [("sentence", "label")] + [(f"text {i}", "abc"[i % 3]) for i in range(12)])
+    write(tmp_path / "mine" / "dev.tsv", [("sentence", "label")] + [(f"text {i}", "abc"[i % 3]) for i in range(6)])
+    tasks = ["SST-2", "CoLA", "MRPC", "STS-B", "RTE", "WNLI", str(tmp_path / "mine")]
+    r = subprocess.run([sys.executable, "probe.py", *TINY, f"--glue_dir={glue}", f"--tasks={','.join(tasks)}",
+                        "--layers=all", f"--out={tmp_path / 'p.json'}"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rows = [line.split("|")[1:-1] for line in r.stdout.splitlines() if line.startswith("| ")]
+    for layer in ("1", "2"):
+        names = [c[1].strip() for c in rows if c[0].strip() == layer]
+        assert names == ["SST-2", "CoLA", "MRPC", "STS-B", "RTE", "WNLI", "mine", "**average**"]
+    assert "STS-B: regression" in r.stdout
+    out = json.loads((tmp_path / "p.json").read_text())
+    assert out["layers"] == [1, 2] and out["tasks"]["SST-2"]["n_train"] == 24 and out["tasks"]["mine"]["n_dev"] == 6
+    sst = out["tasks"]["SST-2"]["layers"]["2"]
+    assert sst["dim"] == 32 and 0 <= sst["linear"]["score"] <= 100 and sst["knn"]["k"] in probe.KS
+    assert set(out["tasks"]["MRPC"]["layers"]["1"]["knn"]["metrics"]) == {"f1", "acc"}
+
+
+def test_checkpoint_and_train_monitor(tmp_path):
+    glue = str(tiny_glue(tmp_path / "glue"))
+    torch.manual_seed(0)
+    model = CrossBERT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=32))
+    args = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
+    torch.save(dict(model=model.state_dict(), model_type="crossbert", model_args=args, step=7), tmp_path / "ckpt.pt")
+    probe.main([f"--ckpt={tmp_path / 'ckpt.pt'}", f"--glue_dir={glue}", "--tasks=SST-2", f"--out={tmp_path / 'p.json'}"])
+    from_ckpt = json.loads((tmp_path / "p.json").read_text())["tasks"]["SST-2"]["layers"]["2"]
+    model.train()
+    scores = probe.probe_tasks(model, "SST-2,STS-B", glue_dir=glue, max_train=20)
+    assert model.training  # the monitor hands the model back in train mode
+    assert set(scores) == {"SST-2/linear", "SST-2/knn", "STS-B/linear", "STS-B/knn"}
+    again = probe.probe_tasks(model, ["SST-2"], glue_dir=glue, max_train=0)
+    assert again["SST-2/linear"] == pytest.approx(from_ckpt["linear"]["score"])  # same weights, same scores
