@@ -18,7 +18,8 @@ other's tokens, so every token gets a gradient.
     idx = torch.randint(0, 50257, (8, 128))                  # token ids
     logits, loss = model(idx)                                # masked-token pretraining
     loss.backward()
-    feats = model.encode(idx).mean(dim=1)                    # frozen features (8, 256)
+    with torch.no_grad():
+        feats = model.encode(idx).mean(dim=1)                # frozen features (8, 256)
 
 Depends on torch and masking.py alone; importing it has no side effects.
 """
@@ -182,12 +183,12 @@ class Encoder(nn.Module):
         B, T = idx.shape
         return make_views(B, T, self.config.mask_ratio, self.config.cms, device=idx.device)
 
-    @torch.no_grad()
     def encode(self, idx, attention_mask=None, layers=None):
-        """Frozen features of the unmasked input: (B, T, C) from the last layer, or a list for `layers` (1-based).
+        """Features of the unmasked input: (B, T, C) from the last layer, or a list for `layers` (1-based).
 
         attention_mask (B, T): 1 for real tokens, 0 for padding; padded keys are ignored,
-        so a padded sequence gets the same features as the same sequence alone.
+        so a padded sequence gets the same features as the same sequence alone. Gradients
+        flow as the caller's grad mode says: wrap in torch.no_grad() for frozen features.
         """
         T = idx.size(1)
         if T > self.config.block_size:

@@ -47,8 +47,8 @@ dropout = 0.0
 init_std = 0.02
 # data
 dataset = "tinybooks"         # a folder under data/ (or any path) holding train.bin and val.bin
-batch_size = 16               # input rows per micro-step per process
-total_batch_size = 2048       # input tokens per optimizer step over all processes: rows x block_size
+batch_size = 8                # input rows per micro-step per process
+total_batch_size = 1024       # input tokens per optimizer step over all processes: rows x block_size
 # optimizer: AdamW, linear warmup then cosine decay to min_lr
 learning_rate = 2e-3
 min_lr = 2e-4
@@ -125,9 +125,12 @@ model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=bloc
                   init_std=init_std, random_replace=random_replace, pred_layer=pred_layer, mask_ratio=mask_ratio, cms=cms)
 if model_type not in MODELS:
     sys.exit(f"model_type={model_type!r}: expected one of {sorted(MODELS)}")
-model = MODELS[model_type](ModelConfig(**model_args))
-config = model.config  # with the model's defaults filled in
-n_views, _, _ = view_shape(block_size, config.mask_ratio, config.cms)
+try:
+    model = MODELS[model_type](ModelConfig(**model_args))
+    config = model.config  # with the model's defaults filled in
+    n_views, _, _ = view_shape(block_size, config.mask_ratio, config.cms)
+except ValueError as e:  # e.g. a mask ratio or block size that the views cannot be cut from
+    sys.exit(str(e))
 
 
 def get_batch(split, index):
@@ -140,6 +143,15 @@ def get_batch(split, index):
         x, views = x.pin_memory().to(device, non_blocking=True), type(views)(
             *(t.pin_memory().to(device, non_blocking=True) for t in views))
     return x, views
+
+
+def rng_state():
+    """The state of the generator that dropout draws from (the data has its own, see get_batch)."""
+    return torch.cuda.get_rng_state(device) if device_type == "cuda" else torch.get_rng_state()
+
+
+def set_rng_state(state):
+    torch.cuda.set_rng_state(state.cpu(), device) if device_type == "cuda" else torch.set_rng_state(state.cpu())
 
 
 # -----------------------------------------------------------------------------
@@ -162,7 +174,7 @@ if init_from == "resume":
     model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
     step, tokens_seen, flops_seen, best_val_loss = ckpt["step"], ckpt["tokens"], ckpt["flops"], ckpt["best_val_loss"]
-    torch.set_rng_state(ckpt["rng"][rank % len(ckpt["rng"])])
+    set_rng_state(ckpt["rng"][rank % len(ckpt["rng"])])
     log(f"resumed from {ckpt_path} at step {step}")
 elif init_from != "scratch":
     sys.exit(f"init_from={init_from!r}: expected scratch or resume")
@@ -207,10 +219,12 @@ def estimate_val_loss():
 
 def save_checkpoint():
     """Write out_dir/ckpt.pt atomically: a crash mid-write leaves the previous checkpoint intact."""
-    rng = [torch.get_rng_state()]
+    rng = [rng_state()]
     if ddp:  # every rank's dropout stream, so a resume continues each exactly
-        rng = [torch.empty_like(rng[0]) for _ in range(world_size)]
-        dist.all_gather(rng, torch.get_rng_state())
+        mine = rng[0].to(device)  # nccl gathers GPU tensors only
+        rng = [torch.empty_like(mine) for _ in range(world_size)]
+        dist.all_gather(rng, mine)
+        rng = [r.cpu() for r in rng]
     if not master:
         return
     os.makedirs(out_dir, exist_ok=True)

@@ -105,3 +105,14 @@ def test_configure_types_and_files(tmp_path):
                           (["--steps"], "expected --key=value"), (["nope.py"], "no such config file")]:
         with pytest.raises(SystemExit, match=message):
             configure(defaults, argv)
+
+
+def test_non_finite_loss_stops_without_saving(tmp_path, dataset):
+    cmd = [sys.executable, "train.py", *TINY, f"--dataset={dataset}", f"--out_dir={tmp_path}", "--max_iters=4",
+           "--eval_interval=1", "--total_batch_size=64", "--learning_rate=1e30", "--min_lr=1e30", "--grad_clip=0.0"]
+    out = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    assert "stopping without saving" in out.stderr and "learning_rate" in out.stderr and "init_std" in out.stderr
+    if (tmp_path / "ckpt.pt").exists():  # whatever was saved before the blow-up is finite
+        state = torch.load(tmp_path / "ckpt.pt", weights_only=True)["model"]
+        assert all(torch.isfinite(t).all() for t in state.values())

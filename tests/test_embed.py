@@ -1,0 +1,237 @@
+import gzip
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import embed
+from data.tokenizer import decode, encode
+from model import CrossBERT, ModelConfig
+
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
+
+
+def tiny_model(seed=0):
+    torch.manual_seed(seed)
+    return CrossBERT(ModelConfig(**TINY)).eval()
+
+
+def random_pairs(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [(list(rng.integers(0, 50000, rng.integers(3, 12))), list(rng.integers(0, 50000, rng.integers(3, 12))))
+            for _ in range(n)]
+
+
+def test_info_nce_matches_hand_computation():
+    rng = np.random.default_rng(0)
+    a, b, tau = rng.normal(size=(3, 4)), rng.normal(size=(3, 4)), 0.1
+    unit = lambda v: v / math.sqrt(sum(x * x for x in v))
+    A, B = [unit(v) for v in a], [unit(v) for v in b]
+    sim = [[sum(x * y for x, y in zip(A[i], B[j])) / tau for j in range(3)] for i in range(3)]
+
+    def ce(row, target):  # -log softmax(row)[target]
+        return -row[target] + math.log(sum(math.exp(x) for x in row))
+
+    a_to_b = sum(ce(sim[i], i) for i in range(3)) / 3
+    b_to_a = sum(ce([sim[j][i] for j in range(3)], i) for i in range(3)) / 3
+    got = embed.info_nce(torch.tensor(a), torch.tensor(b), tau).item()
+    assert got == pytest.approx((a_to_b + b_to_a) / 2, rel=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["mean", "attn"])
+def test_fresh_pooler_is_mean_pooling_and_ignores_padding(kind):
+    torch.manual_seed(0)
+    pooler = embed.POOLERS[kind](32, 2)
+    h, mask = torch.randn(2, 5, 32), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    z = pooler(h, mask)
+    assert torch.allclose(z, embed.mean_pool(h, mask), atol=1e-6)
+    assert torch.allclose(z[0], h[0, :3].mean(0), atol=1e-6)
+    with torch.no_grad():  # a trained query still ignores padded tokens
+        for p in pooler.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    assert torch.allclose(pooler(h[:1], mask[:1]), pooler(h[:1, :3], mask[:1, :3]), atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["mean", "attn"])
+def test_frozen_training_touches_only_the_pooler(kind):
+    model = tiny_model()
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    pooler = embed.POOLERS[kind](32, 2)
+    pooler_before = [p.clone() for p in pooler.parameters()]
+    losses = embed.train(model, pooler, iter(random_pairs(24)), steps=3, batch_size=8, lr=1e-2, backbone_lr=1e-2,
+                         temperature=0.05, unfreeze=False)
+    assert len(losses) == 3 and all(math.isfinite(x) for x in losses)
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]), n
+        assert p.grad is None, n
+    assert all(not torch.equal(p, q) for p, q in zip(pooler.parameters(), pooler_before))
+
+
+def test_unfrozen_training_changes_the_backbone():
+    model = tiny_model()
+    before = {n: p.clone() for n, p in model.named_parameters()}
+    embed.train(model, embed.MeanPooler(32, 2), iter(random_pairs(16)), steps=2, batch_size=8, lr=1e-2,
+                backbone_lr=1e-2, temperature=0.05, unfreeze=True)
+    changed = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
+    assert "blocks.0.attn.q.weight" in changed and "wte.weight" in changed
+
+
+def test_ndcg_and_recall_match_hand_computation():
+    qrel = {"d1": 3, "d2": 1, "d5": 2}  # graded relevance; d5 is never retrieved in the top 3
+    ranked = ["d2", "d9", "d1", "d5"]
+    dcg = 1 / math.log2(2) + 3 / math.log2(4) + 2 / math.log2(5)
+    idcg = 3 / math.log2(2) + 2 / math.log2(3) + 1 / math.log2(4)
+    assert embed.ndcg_at_k(ranked, qrel, 10) == pytest.approx(dcg / idcg)
+    assert embed.ndcg_at_k(ranked, qrel, 1) == pytest.approx(1 / 3)  # ideal top-1 gain is 3
+    assert embed.ndcg_at_k(["d1", "d5", "d2"], qrel, 10) == pytest.approx(1.0)
+    assert embed.recall_at_k(ranked, qrel, 3) == pytest.approx(2 / 3)
+    assert embed.recall_at_k(ranked, qrel, 100) == pytest.approx(1.0)
+    assert embed.recall_at_k(["d9"], qrel, 100) == 0.0
+
+
+def test_search_is_exact_top_k_and_skips_own_id():
+    torch.manual_seed(0)
+    q = torch.nn.functional.normalize(torch.randn(7, 8), dim=-1)
+    d = torch.nn.functional.normalize(torch.randn(50, 8), dim=-1)
+    exclude = torch.tensor([-1, 3, -1, 49, 0, -1, 20])
+    got = embed.search(q, d, 5, exclude, q_chunk=3, d_chunk=8)  # chunks smaller than the data
+    sim = q @ d.T
+    for i in range(7):
+        if exclude[i] >= 0:
+            sim[i, exclude[i]] = -math.inf
+    assert torch.equal(got, sim.topk(5, dim=1).indices)
+
+
+def test_spearman_with_ties_matches_hand_computation():
+    x, y = [1.0, 2.0, 2.0, 3.0, 5.0], [2.0, 1.0, 4.0, 4.0, 3.0]
+    rx, ry = [1, 2.5, 2.5, 4, 5], [2, 1, 4.5, 4.5, 3]  # tied values share their average rank
+    mx, my = sum(rx) / 5, sum(ry) / 5
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    expected = cov / math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+    assert embed.spearman(np.array(x), np.array(y)) == pytest.approx(expected)
+
+
+def write_beir(folder, corpus, queries, qrels):
+    (folder / "qrels").mkdir(parents=True)
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in corpus))
+    (folder / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in queries))
+    (folder / "qrels/test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{a}\t{b}\t{s}\n" for a, b, s in qrels))
+
+
+def test_retrieval_finds_identical_text(tmp_path):
+    words = "apple river stone cloud violin garden engine pepper island letter candle mirror".split()
+    docs = [" ".join(words[i:i + 4]) for i in range(9)]
+    write_beir(tmp_path, [{"_id": f"d{i}", "title": "", "text": t} for i, t in enumerate(docs)],
+               [{"_id": "q1", "text": docs[2]}, {"_id": "q2", "text": docs[7]}, {"_id": "q3", "text": "x"}],
+               [("q1", "d2", 1), ("q2", "d7", 2), ("q3", "d0", 0)])
+    corpus, queries, qrels = embed.read_beir(tmp_path)
+    assert corpus["d2"] == docs[2] and set(qrels) == {"q1", "q2"}  # q3 has no relevant doc: not scored
+    scores = embed.eval_retrieval(tiny_model(), None, (corpus, queries, qrels))
+    assert scores == {"ndcg@10": pytest.approx(100.0), "recall@100": pytest.approx(100.0)}
+
+
+@pytest.mark.parametrize("name, text, line", [
+    ("corpus.jsonl", '{"_id": "d0", "text": "a"}\n{"_id": "d1", "text": \n', 2),
+    ("corpus.jsonl", '{"_id": "d0", "text": "a"}\n{"_id": "d1"}\n', 2),
+    ("queries.jsonl", '["q1", "text"]\n', 1),
+    ("qrels/test.tsv", "query\tdoc\tscore\nq1\td0\t1\n", 1),
+    ("qrels/test.tsv", "query-id\tcorpus-id\tscore\nq1\td0\t1\nq1\td0\n", 3),
+    ("qrels/test.tsv", "query-id\tcorpus-id\tscore\nq1\td0\thigh\n", 2),
+    ("qrels/test.tsv", "query-id\tcorpus-id\tscore\nq7\td0\t1\n", 2),
+])
+def test_beir_reader_rejects_malformed_files(tmp_path, name, text, line):
+    write_beir(tmp_path, [{"_id": "d0", "text": "a"}], [{"_id": "q1", "text": "b"}], [("q1", "d0", 1)])
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError, match=rf"{name}:{line}: .*fix"):
+        embed.read_beir(tmp_path)
+    (tmp_path / name).unlink()
+    with pytest.raises(ValueError, match=f"no {name}"):
+        embed.read_beir(tmp_path)
+
+
+def test_sts_readers(tmp_path):
+    glue = tmp_path / "STS-B"
+    glue.mkdir()
+    head = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+    (glue / "dev.tsv").write_text(head + '0\tg\tf\ty\t0\tnone\tnone\tA "quoted\tB\t4.5\n')
+    assert embed.read_sts(glue) == {"STS-B": [('A "quoted', "B", 4.5)]}  # a quote is text, not quoting
+    semeval = tmp_path / "semeval"
+    semeval.mkdir()
+    (semeval / "a.txt").write_text("1.0\tx\ty\n\n3\tu\tv\n")
+    assert embed.read_sts(semeval) == {"semeval/a": [("x", "y", 1.0), ("u", "v", 3.0)]}
+
+
+@pytest.mark.parametrize("layout, text, line", [
+    ("glue", "index\tsentence1\tsentence2\tscore\n0\ta\tb\t1\n1\ta\tb\n", 3),
+    ("glue", "index\tsentence1\tsentence2\tscore\n0\ta\tb\tfive\n", 2),
+    ("glue", "index\ts1\ts2\tlabel\n0\ta\tb\t1\n", 1),
+    ("semeval", "1\ta\tb\n2\ta b\n", 2),
+    ("semeval", "1\ta\tb\n\nn/a\ta\tb\n", 3),
+])
+def test_sts_readers_reject_malformed_files(tmp_path, layout, text, line):
+    path = tmp_path / ("dev.tsv" if layout == "glue" else "sts.tsv")
+    path.write_text(text)
+    with pytest.raises(ValueError, match=rf"{path.name}:{line}: .*fix"):
+        embed.read_sts(tmp_path if layout == "glue" else path)
+
+
+def test_crops_are_two_spans_of_one_document(tmp_path):
+    docs = [" ".join(f"{w}{i}" for i in range(200)) for w in ("alpha", "beta", "gamma")]
+    with gzip.open(tmp_path / "part.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"text": docs[0]}) + "\n" + json.dumps({"text": docs[1]}) + "\n")
+    (tmp_path / "book.txt").write_text(docs[2])
+    pairs = list(embed.crop_pairs(tmp_path, seed=0, passage=32))
+    assert len(pairs) == 3
+    sources = []
+    for a, b in pairs:
+        ta, tb = decode(a), decode(b)
+        assert 3 <= len(a) <= 16 and 3 <= len(b) <= 16  # 10-50% of a 32-token passage
+        home = [i for i, d in enumerate(docs) if ta in d]
+        assert len(home) == 1 and tb in docs[home[0]]
+        sources.append(home[0])
+    assert sources == [2, 0, 1]  # book.txt, then the two documents of part.jsonl.gz
+    assert pairs == list(embed.crop_pairs(tmp_path, seed=0, passage=32))
+    assert pairs != list(embed.crop_pairs(tmp_path, seed=1, passage=32))
+
+
+def test_pair_files(tmp_path):
+    (tmp_path / "p.tsv").write_text("what is a cat\ta small animal\textra\n\nsky\tblue\n")
+    (tmp_path / "p.jsonl").write_text(json.dumps({"id": 3, "query": "sky", "pos": "blue"}) + "\n")
+    got = list(embed.pair_stream(str(tmp_path / "p.tsv"), seed=0, max_len=3))
+    assert sorted(got) == sorted([(encode("what is a cat")[:3], encode("a small animal")[:3]), (encode("sky"), encode("blue"))])
+    assert list(embed.text_pairs(str(tmp_path / "p.jsonl"))) == [("sky", "blue")]
+    (tmp_path / "bad.tsv").write_text("a\tb\nonly one\n")
+    with pytest.raises(ValueError, match=r"bad.tsv:2: .*fix"):
+        list(embed.text_pairs(str(tmp_path / "bad.tsv")))
+
+
+def test_command_line(tmp_path, capsys):
+    (tmp_path / "sts.tsv").write_text("".join(f"{i % 5}\tsentence number {i}\tsentence {i * 7 % 11}\n" for i in range(20)))
+    (tmp_path / "pairs.tsv").write_text("".join(f"question {i}\tanswer {i}\n" for i in range(40)))
+    write_beir(tmp_path / "toy", [{"_id": f"d{i}", "title": "t", "text": f"doc {i}"} for i in range(30)],
+               [{"_id": "q0", "text": "doc 3"}], [("q0", "d3", 1)])
+    size = [f"--{k}={v}" for k, v in TINY.items()]
+    embed.main(["--ckpt=random", *size, f"--sts={tmp_path / 'sts.tsv'}", f"--beir={tmp_path / 'toy'}",
+                f"--pairs={tmp_path / 'pairs.tsv'}", "--steps=2", "--batch_size=8", "--unfreeze",
+                f"--out={tmp_path / 'out.json'}"])
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert [r["name"] for r in out["rows"]] == ["zero-shot", "frozen (attn pooler)", "unfrozen (attn pooler)"]
+    assert set(out["rows"][0]["scores"]) == {"sts", "toy/ndcg@10", "toy/recall@100"}
+    assert out["rows"][1]["steps"] == 2 and out["rows"][2]["steps"] == 2
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].startswith("| crossbert 2x32 (random) | sts | toy/ndcg@10 | toy/recall@100 |") and len(table) == 5
+
+
+def test_hub_pairs_take_the_first_two_text_columns(monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    calls = []
+
+    def fake_load_dataset(name, config, split, streaming):
+        calls.append((name, config, split, streaming))
+        return [{"query": "what is rain", "positive": "water falling", "negative": "a dry desert"}]
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    assert list(embed.text_pairs("hf:org/msmarco:triplet")) == [("what is rain", "water falling")]
+    assert calls == [("org/msmarco", "triplet", "train", True)]
