@@ -37,9 +37,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from data.tokenizer import EOT, PAD, encode
+from data.tokenizer import EOT, encode
 from model import MODELS, ModelConfig, load_checkpoint
-from probe import spearman, tokenize  # the GLUE probes' Spearman and single-sentence tokenizer
+from probe import pad, spearman, tokenize  # the GLUE probes' batching, Spearman and tokenizer
 
 # ----------------------------------------------------------------------------
 # Poolers: (B, T, C) token states + (B, T) padding mask -> (B, C) embedding.
@@ -112,16 +112,6 @@ def recall_at_k(ranked, qrel, k=100):
 
 # ----------------------------------------------------------------------------
 # Embedding and evaluation
-
-def pad(seqs, device):
-    """Token id lists -> ids (B, T) padded with <pad>, and mask (B, T), True on real tokens."""
-    ids = torch.full((len(seqs), max(map(len, seqs))), PAD)
-    mask = torch.zeros(ids.shape, dtype=torch.bool)
-    for i, s in enumerate(seqs):
-        ids[i, :len(s)] = torch.tensor(s)
-        mask[i, :len(s)] = True
-    return ids.to(device), mask.to(device)
-
 
 @torch.no_grad()
 def embed(model, pooler, texts, batch_size=256):

@@ -63,6 +63,16 @@ def tokenize(texts, block_size):
     return ids, n_truncated
 
 
+def pad(seqs, device):
+    """Token id lists -> ids (B, T) padded with <pad>, and mask (B, T), True on real tokens."""
+    ids = torch.full((len(seqs), max(map(len, seqs))), PAD)
+    mask = torch.zeros(ids.shape, dtype=torch.bool)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(s)
+        mask[i, :len(s)] = True
+    return ids.to(device), mask.to(device)
+
+
 @torch.inference_mode()
 def features(model, ids, layers, batch_size=64, desc=None):
     """{layer: (N, C) float32 array}: each sequence's hidden states at that layer, averaged over its tokens."""
@@ -70,14 +80,9 @@ def features(model, ids, layers, batch_size=64, desc=None):
     order = np.argsort([len(x) for x in ids], kind="stable")  # similar lengths per batch: little padding
     pooled = {layer: [] for layer in layers}
     for start in range(0, len(ids), batch_size):
-        batch = [ids[i] for i in order[start:start + batch_size]]
-        lengths = torch.tensor([len(x) for x in batch])
-        idx = torch.full((len(batch), int(lengths.max())), PAD, dtype=torch.long)
-        for row, x in enumerate(batch):
-            idx[row, :len(x)] = torch.tensor(x)
-        mask = torch.arange(idx.size(1)) < lengths[:, None]
-        hs = model.encode(idx.to(device), mask.to(device), layers=list(layers))
-        m = mask.to(device)[..., None].float()
+        idx, mask = pad([ids[i] for i in order[start:start + batch_size]], device)
+        hs = model.encode(idx, mask, layers=list(layers))
+        m = mask[..., None].float()
         for layer, h in zip(layers, hs):
             pooled[layer].append(((h.float() * m).sum(1) / m.sum(1)).cpu().numpy())
         if desc:

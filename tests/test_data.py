@@ -1,7 +1,6 @@
 import gzip
 import json
 import os
-import shutil
 import subprocess
 import sys
 

@@ -7,7 +7,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from flops import param_counts, training_flops
 from masking import make_views
-from model import BERT, MODELS, CrossBERT, ModelConfig
+from model import MODELS, ModelConfig
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
 
