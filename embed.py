@@ -38,8 +38,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from data.tokenizer import EOT, encode
-from model import MODELS, ModelConfig, load_checkpoint
-from probe import pad, spearman, tokenize  # the GLUE probes' batching, Spearman and tokenizer
+from model import MODELS, ModelConfig
+from probe import ProbeError, load_model, pad, spearman, tokenize  # shared with the GLUE probes
 
 # ----------------------------------------------------------------------------
 # Poolers: (B, T, C) token states + (B, T) padding mask -> (B, C) embedding.
@@ -413,15 +413,11 @@ def main(argv=None):
     sts = {k: v for path in filter(None, args.sts.split(",")) for k, v in read_sts(path).items()}
     beir = {Path(path).name: read_beir(path) for path in filter(None, args.beir.split(","))}
 
-    torch.manual_seed(args.seed)
-    if args.ckpt == "random":
-        cfg = ModelConfig(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=args.block_size)
-        model = MODELS[args.model_type](cfg).to(args.device).eval()
-        model_type = args.model_type
-    else:
-        model, ckpt = load_checkpoint(args.ckpt, args.device)
-        model_type = ckpt["model_type"]
-    cfg = model.config
+    try:
+        model, info = load_model(args)  # probe.py's: a checkpoint, or --ckpt=random of the size flags
+    except ProbeError as e:
+        sys.exit(f"embed.py: error: {e}")
+    model_type, cfg = info["model_type"], model.config
     if args.pairs:  # a bad --pairs fails now, not after the zero-shot evaluation
         next(pair_stream(args.pairs, args.seed, cfg.block_size))
     print(f"{model_type} {cfg.n_layer}x{cfg.n_embd}, {model.num_params() / 1e6:.1f}M params", file=sys.stderr)
