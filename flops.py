@@ -10,7 +10,6 @@ what torch.utils.flop_counter counts. A training step costs 3x its forward pass
 prints BERT and CrossBERT side by side. The config must be resolved (mask_ratio,
 cms and pred_layer set), as a model's `.config` is.
 """
-import ast
 import sys
 import time
 
@@ -99,13 +98,11 @@ def peak_flops(device, dtype):
 
 
 def main(argv):
+    from dataclasses import asdict
+
+    from configurator import configure
     from model import ModelConfig, resolve  # only the CLI needs the model's defaults
-    kwargs = {}
-    for arg in argv:
-        key, _, value = arg.removeprefix("--").partition("=")
-        if key not in ModelConfig.__dataclass_fields__:
-            sys.exit(f"unknown option --{key}; valid: " + ", ".join(ModelConfig.__dataclass_fields__))
-        kwargs[key] = ast.literal_eval(value)
+    kwargs = configure(asdict(ModelConfig()), argv)
     rows = {}
     for model_type in ("bert", "crossbert"):
         cfg = resolve(ModelConfig(**kwargs), model_type)

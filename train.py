@@ -167,7 +167,8 @@ if init_from == "resume":
     if ckpt["model_type"] != model_type:
         sys.exit(f"{ckpt_path} holds a {ckpt['model_type']} model but model_type={model_type}; "
                  f"pass --model_type={ckpt['model_type']} or use another out_dir")
-    diff = {k: (v, asdict(config)[k]) for k, v in ckpt["model_args"].items() if asdict(config).get(k) != v}
+    now = asdict(config)
+    diff = {k: (v, now.get(k)) for k, v in ckpt["model_args"].items() if now.get(k) != v}
     if diff:
         sys.exit(f"{ckpt_path} was trained with a different model config (checkpoint vs now): {diff}; "
                  f"pass the checkpoint's settings or use another out_dir")
