@@ -3,11 +3,13 @@ Times full training steps (forward, backward, optimizer step) of BERT and CrossB
 with the same encoder, on synthetic tokens, and compares them with the analytic FLOPs.
 
     python bench.py                                   # mid-size: 8 layers x 512, 256 tokens, compiled
-    python bench.py --batch_size=64 --n_layer=12 --n_head=12 --n_embd=768 --block_size=512   # a GPU
+    python bench.py --batch_size=64 --n_layer=12 --n_head=12 --n_embd=768 --block_size=512 --flash_check   # a GPU
 
-Throughput counts sequence positions covered per second (rows x views x block_size),
-so CMS, which turns one row into several views, neither inflates nor deflates it.
-The last line printed is one JSON object, for scripts.
+Two throughputs, named for what they count: input tokens/s (rows x block_size, unique data) and
+view positions/s (rows x views x block_size, what complementary masking multiplies; the paper's
+tokens/s). bf16 autocast where the device computes it natively, as train.py. --flash_check (CUDA)
+runs one training step and one encode() of each model with only the FlashAttention kernel allowed,
+which raises if flash cannot serve them. The last line printed is one JSON object, for scripts.
 """
 import json
 import sys
@@ -17,7 +19,7 @@ from contextlib import nullcontext
 import torch
 
 from configurator import configure
-from flops import flops_per_position, peak_flops, training_flops
+from flops import fastest_dtype, flops_per_position, peak_flops, training_flops
 from masking import make_views, view_shape
 from model import MODELS, ModelConfig
 
@@ -26,8 +28,9 @@ settings = dict(
     batch_size=8,           # input rows per step (CrossBERT's CMS makes 2 views of each)
     steps=3, warmup=3,      # timed steps, after untimed ones (compilation and first-touch allocation happen there)
     device="cuda" if torch.cuda.is_available() else "cpu",
-    dtype="bfloat16" if torch.cuda.is_available() else "float32",
+    dtype=fastest_dtype("cuda" if torch.cuda.is_available() else "cpu"),
     compile=True,
+    flash_check=False,      # CUDA: fail unless FlashAttention serves training and encode()
     seed=0,
 )
 
@@ -43,7 +46,10 @@ def bench(model_type, s, device, autocast):
     x = torch.randint(0, 50257, (B, T), device=device)
     gen = torch.Generator(device).manual_seed(s["seed"])
 
+    views = make_views(B, T, cfg.mask_ratio, cfg.cms, generator=gen)
+
     def step():
+        nonlocal views
         views = make_views(B, T, cfg.mask_ratio, cfg.cms, generator=gen)
         with autocast:
             _, loss = step_fn(x, views)
@@ -62,28 +68,46 @@ def bench(model_type, s, device, autocast):
     loss.item()
     dt = (time.perf_counter() - t0) / s["steps"]
     V, _, _ = view_shape(T, cfg.mask_ratio, cfg.cms)
-    return cfg, B * V * T / dt, training_flops(cfg, model_type, B) / dt
+    if s["flash_check"]:
+        flash_check(model, x, views, autocast)
+    return cfg, B * T / dt, B * V * T / dt, training_flops(cfg, model_type, B) / dt
+
+
+def flash_check(model, x, views, autocast):
+    """One training step and one encode() with only FlashAttention allowed: SDPA raises if it cannot serve them."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION), autocast:
+        model(x, views)[1].backward()
+        with torch.no_grad():
+            model.encode(x)
 
 
 def main():
     s = configure(settings, sys.argv[1:])
     device = torch.device(s["device"])
+    if s["flash_check"] and device.type != "cuda":
+        sys.exit("bench: --flash_check needs a CUDA device: FlashAttention is a GPU kernel")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[s["dtype"]]
     autocast = nullcontext() if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
     peak = peak_flops(device, dtype)
     print(f"device {device}, {s['dtype']}, compile={s['compile']}, peak {peak / 1e12:.2f} TFLOP/s"
           f"{' (measured with a matmul)' if device.type == 'cpu' else ''}")
     result = {}
+    out = {}
     for model_type in ("bert", "crossbert"):
-        cfg, tokens_per_s, flops_per_s = bench(model_type, s, device, autocast)
-        result[model_type] = (cfg, tokens_per_s)
-        print(f"{model_type:9s} mask {cfg.mask_ratio} cms={cfg.cms}: {tokens_per_s:9.0f} positions/s, "
-              f"{flops_per_s / 1e12:.3f} TFLOP/s, MFU {100 * flops_per_s / peak:.1f}%")
-    (bert_cfg, bert_tps), (cross_cfg, cross_tps) = result["bert"], result["crossbert"]
+        cfg, input_tps, view_tps, flops_per_s = bench(model_type, s, device, autocast)
+        result[model_type] = cfg
+        out.update({f"{model_type}_input_tokens_per_s": round(input_tps, 1),
+                    f"{model_type}_view_positions_per_s": round(view_tps, 1),
+                    f"{model_type}_mfu": round(flops_per_s / peak, 4)})
+        print(f"{model_type:9s} mask {cfg.mask_ratio} cms={cfg.cms}: {input_tps:9.0f} input tokens/s, {view_tps:9.0f} "
+              f"view positions/s, {flops_per_s / 1e12:.3f} TFLOP/s, MFU {100 * flops_per_s / peak:.1f}%")
+    bert_cfg, cross_cfg = result["bert"], result["crossbert"]
+    speedup = out["crossbert_view_positions_per_s"] / out["bert_view_positions_per_s"]
     flops_ratio = flops_per_position(bert_cfg, "bert") / flops_per_position(cross_cfg, "crossbert")
-    print(f"CrossBERT / BERT throughput {cross_tps / bert_tps:.2f}x; analytic FLOPs per position BERT / CrossBERT {flops_ratio:.2f}x")
-    print(json.dumps({"bert_tokens_per_s": round(bert_tps, 1), "crossbert_tokens_per_s": round(cross_tps, 1),
-                      "speedup": round(cross_tps / bert_tps, 3), "flops_ratio": round(flops_ratio, 3), **s}))
+    print(f"CrossBERT / BERT view positions/s {speedup:.2f}x; analytic FLOPs per view position BERT / CrossBERT "
+          f"{flops_ratio:.2f}x" + ("; flash served every attention" if s["flash_check"] else ""))
+    print(json.dumps({**out, "speedup": round(speedup, 3), "flops_ratio": round(flops_ratio, 3), **s}))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Scripts keep their settings as plain globals; this overrides them from the comma
     python train.py config/tiny_bert.py --batch_size=32 --compile=False
 
 A path runs a config file (python assignments); --key=value sets one key, the value
-read as a Python literal (a bare word stays a string). Keys and types are checked
+read as a Python literal (a bare word stays a string); a bare --flag sets a boolean to True. Keys and types are checked
 against the script's defaults (a default of None takes any value), so a typo is an error, not a silently ignored option.
 """
 import ast
@@ -30,6 +30,8 @@ def configure(defaults, argv):
     for arg in argv:
         if arg.startswith("--"):
             key, eq, text = arg[2:].partition("=")
+            if not eq and isinstance(config.get(key), bool):
+                eq, text = "=", "True"  # a bare --flag turns a boolean setting on
             if not eq:
                 sys.exit(f"{arg}: expected --key=value, e.g. --{key}=...")
             try:

@@ -76,6 +76,23 @@ PEAK_FLOPS = {  # dense bf16 tensor-core peaks, from the vendors' data sheets
 }
 
 
+def cpu_has_bf16():
+    """Whether this CPU computes bf16 natively (AVX-512 BF16 or AMX), where bf16 autocast is about 2x faster than fp32."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split() for line in f if line.startswith("flags")), [])
+    except OSError:  # not Linux: stay with fp32
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def fastest_dtype(device_type):
+    """The dtype training should autocast to by default: bf16 where the device computes it natively."""
+    if device_type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    return "bfloat16" if cpu_has_bf16() else "float32"
+
+
 def peak_flops(device, dtype):
     """Peak FLOP/s of the device: from PEAK_FLOPS for known GPUs, else measured with a large matmul."""
     if device.type == "cuda" and dtype == torch.bfloat16:

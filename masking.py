@@ -27,11 +27,13 @@ def view_shape(block_size, mask_ratio, cms):
     Without CMS there is one view that masks round(mask_ratio * T) positions.
     With the Complementary Masking Strategy the positions are split into V equal
     chunks. For mask_ratio >= 0.5 (the paper's setting) each view sees one chunk
-    and predicts the rest, V = round(1 / (1 - m)): the visible sets partition the
-    sequence. Our choice for m < 0.5, where that rule would give V = 1: each view
-    predicts one chunk and sees the rest, V = round(1 / m), so the predicted sets
-    partition the sequence. Either way every position is predicted by some view.
-    The actual mask ratio is then 1 - 1/V or 1/V.
+    and predicts the rest: the visible sets partition the sequence, and the ratio
+    is 1 - 1/V (0.5, 0.667, 0.75, ...). Below 0.5 is our extension, not the
+    paper's: each view predicts one chunk and sees the rest, so the predicted sets
+    partition the sequence and the ratio is 1/V (0.333, 0.25, ...); it costs
+    (1 - m) / m times the encoder work of one view per row, since every view
+    re-encodes most of the row. A ratio that V equal chunks cannot realise is an
+    error rather than silently becoming the nearest one.
     """
     T, m = block_size, mask_ratio
     if not 0 < m < 1:
@@ -42,6 +44,11 @@ def view_shape(block_size, mask_ratio, cms):
             raise ValueError(f"mask_ratio={m} masks {M} of {T} positions; pick a ratio that masks at least one and keeps one")
         return 1, T - M, M
     V = round(1 / min(m, 1 - m))
+    realised = 1 - 1 / V if m >= 0.5 else 1 / V
+    if abs(realised - m) > 0.005:
+        options = ", ".join(f"{1 - 1 / v:.3g}" for v in range(2, 6)) + ", ... (or below 0.5: 0.333, 0.25, 0.2, ...)"
+        raise ValueError(f"complementary masking cuts a sequence into V equal views, so its mask ratio is 1 - 1/V: "
+                         f"{options}; mask_ratio={m} is not one of them. Pick one, or set cms=False")
     if T % V:
         raise ValueError(f"CMS with mask_ratio={m} cuts each sequence into {V} views, so block_size "
                          f"must be a multiple of {V} (got {T}); change block_size or mask_ratio")

@@ -37,6 +37,8 @@ from masking import corrupt, make_views
 class ModelConfig:
     block_size: int = 128
     vocab_size: int = 50304         # GPT-2's 50257 ids + <mask> + <pad>, padded to a multiple of 64
+    token_ids: int = 50304          # ids the tokenizer emits; vocab_size < token_ids is a compact vocabulary,
+                                    # and the buffer vocab_map turns token ids into its ids
     n_layer: int = 4                # encoder depth
     n_head: int = 4
     n_embd: int = 128
@@ -76,6 +78,7 @@ def rope_tables(config):
 
 def rotate(x, cos, sin):
     """Rotary embedding of x (N, H, T, D) by angles (.., T, D/2) of each token's own position."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # under autocast x is bf16: keep q and k there, not in fp32
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
@@ -147,6 +150,9 @@ class Encoder(nn.Module):
         cos, sin = rope_tables(config)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
+        # a compact vocabulary (small models are head-bound): the map is set by the trainer, saved with the weights
+        self.register_buffer("vocab_map", torch.zeros(config.token_ids, dtype=torch.long)
+                             if config.vocab_size < config.token_ids else None)
 
     def init_weights(self):
         std = self.config.init_std
@@ -160,15 +166,20 @@ class Encoder(nn.Module):
         """Angles for position ids pos (T,) or (N, T), shaped to broadcast over heads."""
         return self.cos[pos].unsqueeze(-3), self.sin[pos].unsqueeze(-3)
 
+    def vocab_ids(self, idx):
+        """Token ids as the embedding's row ids (the same, unless the vocabulary is compact)."""
+        return idx if self.vocab_map is None else self.vocab_map[idx]
+
     def run_encoder(self, tok, pos, attn_mask=None, layers=()):
-        """The encoder stack on tokens tok at positions pos; final-normed states, plus those of `layers`."""
+        """The encoder stack on tokens tok at positions pos: final-normed states, and those of `layers`
+        (the final norm applied to each chosen block's output, so every layer is on the same scale)."""
         rope = self.rope(pos)
         x = self.drop(self.wte(tok))
         kept = []
         for i, block in enumerate(self.blocks, start=1):
             x = block(x, rope, attn_mask=attn_mask)
             if i in layers and i < self.config.n_layer:
-                kept.append(x)
+                kept.append(self.ln_f(x))
         x = self.ln_f(x)
         return x, kept + [x] * (self.config.n_layer in layers)
 
@@ -198,7 +209,7 @@ class Encoder(nn.Module):
         bad = [i for i in wanted if not 1 <= i <= self.config.n_layer]
         if bad:
             raise ValueError(f"layers {bad} out of range; the encoder has layers 1..{self.config.n_layer}")
-        _, kept = self.run_encoder(idx, torch.arange(T, device=idx.device), mask, set(wanted))
+        _, kept = self.run_encoder(self.vocab_ids(idx), torch.arange(T, device=idx.device), mask, set(wanted))
         by_layer = dict(zip(sorted(set(wanted)), kept))
         return by_layer[self.config.n_layer] if layers is None else [by_layer[i] for i in wanted]
 
@@ -227,7 +238,7 @@ class BERT(Encoder):
     def forward(self, idx, views=None):
         """Masked-token prediction. Returns logits (N, M, vocab) at the masked positions and the mean loss."""
         views = self.sample_views(idx) if views is None else views
-        x = idx[views.rows]
+        x = self.vocab_ids(idx)[views.rows]
         inp = corrupt(x, views.targets, self.config.mask_token_id, self.config.random_replace)
         h, _ = self.run_encoder(inp, torch.arange(x.size(1), device=x.device))
         # the LM head, the costliest matmul of a small model, runs only where there is a target
@@ -249,7 +260,7 @@ class CrossBERT(Encoder):
     def forward(self, idx, views=None):
         """Masked-token prediction. Returns logits (N, M, vocab) at the predicted positions and the mean loss."""
         views = self.sample_views(idx) if views is None else views
-        x = idx[views.rows]
+        x = self.vocab_ids(idx)[views.rows]
         # the encoder sees the visible tokens only, each at its original position
         mem, _ = self.run_encoder(x.gather(1, views.visible), views.visible)
         # the predictor's queries know nothing but where they are: one learned vector, rotated by target position

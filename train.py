@@ -23,16 +23,19 @@ from dataclasses import asdict
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+                                                     set_model_state_dict, set_optimizer_state_dict)
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from configurator import configure
-from data.loader import TokenWindows
-from flops import peak_flops, training_flops
-from masking import make_views, view_shape
+from data.loader import TokenWindows, unigram_loss
+from data.tokenizer import VOCAB_SIZE, compact_vocab
+from flops import fastest_dtype, peak_flops, training_flops
+from masking import Views, make_views, view_shape
 from model import MODELS, ModelConfig
 
 # -----------------------------------------------------------------------------
-# settings: the defaults train a tiny CrossBERT on 2 CPU cores in a few minutes
+# settings: the defaults train a tiny CrossBERT on 2 CPU cores in under 10 minutes (see README: the CPU recipe)
 # model
 model_type = "crossbert"      # bert | crossbert
 n_layer = 4
@@ -45,15 +48,18 @@ cms = None                    # complementary views; None = the model's default:
 random_replace = False        # BERT's 80/10/10 corruption
 dropout = 0.0
 init_std = 0.02
+vocab_size = 8192             # 0 = GPT-2's 50,304 ids; K = a compact vocabulary, the train split's K - 3 most
+                              # frequent ids + <unk>, <mask>, <pad> (data/tokenizer.py), for head-bound small models
 # data
 dataset = "tinybooks"         # a folder under data/ (or any path) holding train.bin and val.bin
-batch_size = 8                # input rows per micro-step per process
-total_batch_size = 1024       # input tokens per optimizer step over all processes: rows x block_size
+batch_size = 16               # at most this many input rows per micro-step per process
+total_batch_size = 2048       # input tokens per optimizer step over all processes: rows x block_size
 # optimizer: AdamW, linear warmup then cosine decay to min_lr
 learning_rate = 2e-3
 min_lr = 2e-4
-warmup_iters = 30
-max_iters = 250
+warmup_iters = 50
+max_iters = 1500
+max_flops = 0.0               # >0: a training-FLOP budget (flops.py's count) that sets max_iters, for compute-matched runs
 weight_decay = 0.1
 beta1 = 0.9
 beta2 = 0.98
@@ -61,17 +67,18 @@ grad_clip = 1.0               # 0 = off
 # evaluation, logging, checkpoints
 out_dir = "out"
 init_from = "scratch"         # scratch | resume (from out_dir/ckpt.pt)
-eval_interval = 50
+eval_interval = 250
 eval_iters = 10               # validation batches
-log_interval = 10
+log_interval = 50
 probe_interval = 0            # >0: frozen-probe GLUE tasks every this many steps (probe.py)
 probe_tasks = "SST-2"
 probe_glue_dir = ""           # local GLUE folder; empty = from the hub
 probe_max_train = 2000
 # system
 device = "cuda" if torch.cuda.is_available() else "cpu"
-dtype = "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
+dtype = fastest_dtype("cuda" if torch.cuda.is_available() else "cpu")  # bf16 where the device has it natively
 compile = True
+fsdp = False                  # with torchrun: shard the model over the processes (FSDP2) instead of replicating it (DDP)
 seed = 1337
 settings = {k: v for k, v in globals().items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
@@ -97,12 +104,17 @@ def log(*args):
         print(*args, flush=True)
 
 
-tokens_per_micro = batch_size * block_size * world_size
-if total_batch_size % tokens_per_micro:
-    sys.exit(f"total_batch_size={total_batch_size} must be a multiple of batch_size x block_size x processes "
-             f"= {batch_size} x {block_size} x {world_size} = {tokens_per_micro}; change one of them")
-grad_accum = total_batch_size // tokens_per_micro  # micro-steps per process per optimizer step
-torch.manual_seed(seed + rank)  # dropout differs by rank; the data does not depend on this (see get_batch)
+# the batch: total_batch_size is fixed; each process takes an equal share of a step's rows, in micro-steps of
+# at most batch_size rows, so any number of processes sees the same data (see get_batch)
+rows_per_step = total_batch_size // block_size
+if total_batch_size % block_size or rows_per_step % world_size:
+    fits = [r * block_size for r in range(world_size, 4 * max(rows_per_step, world_size) + 1, world_size)]
+    sys.exit(f"total_batch_size={total_batch_size} must be a multiple of block_size x processes = {block_size} x "
+             f"{world_size}; values that work: {', '.join(map(str, fits[:6]))}, ...")
+rows_per_process = rows_per_step // world_size
+micro_batch = max(b for b in range(1, min(batch_size, rows_per_process) + 1) if rows_per_process % b == 0)
+grad_accum = rows_per_process // micro_batch  # micro-steps per process per optimizer step
+torch.manual_seed(seed)  # the same initial weights in every process (FSDP does not broadcast them, as DDP does)
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
 autocast = nullcontext() if dtype == "float32" else torch.autocast(device_type, dtype=getattr(torch, dtype))
@@ -120,25 +132,46 @@ try:
     windows = {split: TokenWindows(os.path.join(data_dir, f"{split}.bin"), block_size) for split in ("train", "val")}
 except (FileNotFoundError, ValueError) as e:
     sys.exit(f"{e}\n(run data/{dataset}/prepare.py first)")
+counts = {split: w.counts() for split, w in windows.items()}
+vocab_map = compact_vocab(counts["train"], vocab_size) if vocab_size else None
+if vocab_map is not None:  # token counts in the model's own ids, for the unigram baseline
+    counts = {split: np.bincount(vocab_map, weights=c, minlength=vocab_size) for split, c in counts.items()}
+# a model that ignores context and predicts the train split's token frequencies scores this on val:
+# a val loss near it means the model has learned word frequencies and nothing else
+unigram = unigram_loss(counts["train"], counts["val"])
 
 model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, dropout=dropout,
                   init_std=init_std, random_replace=random_replace, pred_layer=pred_layer, mask_ratio=mask_ratio, cms=cms)
+if vocab_size:
+    model_args.update(vocab_size=vocab_size, mask_token_id=vocab_size - 2)
 if model_type not in MODELS:
     sys.exit(f"model_type={model_type!r}: expected one of {sorted(MODELS)}")
 try:
     model = MODELS[model_type](ModelConfig(**model_args))
     config = model.config  # with the model's defaults filled in
-    n_views, _, _ = view_shape(block_size, config.mask_ratio, config.cms)
+    n_views, _, n_predicted = view_shape(block_size, config.mask_ratio, config.cms)
 except ValueError as e:  # e.g. a mask ratio or block size that the views cannot be cut from
     sys.exit(str(e))
 
 
-def get_batch(split, index):
-    """Micro-batch number `index` of `split`: (tokens, views) on the device."""
+if vocab_map is not None:
+    model.vocab_map.copy_(torch.from_numpy(vocab_map))
+torch.manual_seed(seed + rank)  # dropout differs by process; the data does not depend on this (see get_batch)
+
+
+def get_batch(split, index, rows=slice(None), n_rows=rows_per_step):
+    """Rows `rows` of batch number `index` of `split` (n_rows rows): (tokens, views) on the device.
+
+    Every row's window and views are a function of (seed, split, index, row), so any split of a batch over
+    processes and micro-steps sees the same data, and a resumed run continues exactly.
+    """
     key = np.random.SeedSequence([seed, split == "val", index]).generate_state(2)
-    x = windows[split].sample(batch_size, key)
+    x = windows[split].sample(n_rows, key, rows)
     gen = torch.Generator().manual_seed(int(key[1]))
-    views = make_views(batch_size, block_size, config.mask_ratio, config.cms, generator=gen)
+    v = make_views(n_rows, block_size, config.mask_ratio, config.cms, generator=gen)
+    lo, hi, _ = rows.indices(n_rows)  # the views of input rows lo..hi-1, renumbered from 0
+    views = Views(v.rows[lo * n_views:hi * n_views] - lo, v.visible[lo * n_views:hi * n_views],
+                  v.targets[lo * n_views:hi * n_views])
     if device_type == "cuda":
         x, views = x.pin_memory().to(device, non_blocking=True), type(views)(
             *(t.pin_memory().to(device, non_blocking=True) for t in views))
@@ -159,7 +192,21 @@ def set_rng_state(state):
 ckpt_path = os.path.join(out_dir, "ckpt.pt")
 step, tokens_seen, flops_seen, best_val_loss = 0, 0, 0.0, float("inf")
 model.to(device)
+if fsdp:  # FSDP2: each block's parameters, gradients and optimizer state are sharded over the processes
+    if not ddp:
+        sys.exit("fsdp=True shards over processes: launch with torchrun --nproc_per_node=N (N > 1), or drop fsdp")
+    from torch.distributed.fsdp import fully_shard
+    for block in [*model.blocks, *getattr(model, "predictor", [])]:
+        fully_shard(block)
+    fully_shard(model)
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
+# checkpoints hold full (unsharded) state dicts, keyed by parameter name, so probe.py reads any run's checkpoint
+# and a run can resume with or without FSDP; with FSDP, gathering them is a collective over every process
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+# settings a resumed run may change; any other difference would break "resume continues exactly"
+RESUMABLE = {"init_from", "out_dir", "max_iters", "max_flops", "eval_interval", "eval_iters", "log_interval",
+             "probe_interval", "probe_tasks", "probe_glue_dir", "probe_max_train", "compile", "device", "batch_size",
+             "fsdp"}
 if init_from == "resume":
     if not os.path.exists(ckpt_path):
         sys.exit(f"init_from=resume: no checkpoint at {ckpt_path}; check out_dir or start with init_from=scratch")
@@ -172,8 +219,12 @@ if init_from == "resume":
     if diff:
         sys.exit(f"{ckpt_path} was trained with a different model config (checkpoint vs now): {diff}; "
                  f"pass the checkpoint's settings or use another out_dir")
-    model.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
+    diff = {k: (v, settings.get(k)) for k, v in ckpt["config"].items() if k not in RESUMABLE and settings.get(k) != v}
+    if diff:
+        sys.exit(f"{ckpt_path} was trained with different settings (checkpoint vs now): {diff}; a resumed run "
+                 f"continues exactly only with the same ones: pass them, or use another out_dir")
+    set_model_state_dict(model, ckpt["model"], options=FULL)
+    set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=FULL)
     step, tokens_seen, flops_seen, best_val_loss = ckpt["step"], ckpt["tokens"], ckpt["flops"], ckpt["best_val_loss"]
     set_rng_state(ckpt["rng"][rank % len(ckpt["rng"])])
     log(f"resumed from {ckpt_path} at step {step}")
@@ -182,17 +233,22 @@ elif init_from != "scratch":
 raw_model = model  # checkpoints hold its state_dict: no "_orig_mod." or "module." prefixes
 if compile:
     model = torch.compile(model)
-if ddp:
-    model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None)
+if ddp and not fsdp:  # the only buffers are the RoPE tables and the vocabulary map, which never change: no broadcasts
+    model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None, broadcast_buffers=False)
 
-rows_per_step = batch_size * grad_accum * world_size
-flops_per_step = training_flops(config, model_type, rows_per_step)
-positions_per_step = rows_per_step * n_views * block_size  # as bench.py counts throughput
-peak = peak_flops(torch.device(device), getattr(torch, dtype))
+flops_per_step = training_flops(config, model_type, rows_per_step)  # all processes together
+if max_flops:  # a compute budget: the most steps that fit in it, and the LR schedule follows
+    max_iters = max(1, int(max_flops // flops_per_step))
+tokens_per_step = rows_per_step * block_size               # input tokens: unique data
+positions_per_step = rows_per_step * n_views * block_size  # view positions: what complementary masking multiplies
+peak = peak_flops(torch.device(device), getattr(torch, dtype)) * world_size  # every device's peak
 log(f"{model_type}: {raw_model.num_params() / 1e6:.2f}M parameters ({raw_model.num_params(True) / 1e6:.2f}M non-embedding), "
-    f"mask ratio {config.mask_ratio}, {n_views} view(s) per row")
-log(f"{world_size} process(es) x {grad_accum} micro-step(s) x {batch_size} rows x {block_size} tokens "
-    f"= {total_batch_size} tokens per step; {flops_per_step / 1e9:.1f} GFLOPs per step; device {device}, {dtype}")
+    f"vocabulary {config.vocab_size}, mask ratio {n_predicted / block_size:.4g}, {n_views} view(s) per row, "
+    f"{n_views * n_predicted} of {block_size} positions predicted per row")
+log(f"{world_size} process(es) x {grad_accum} micro-step(s) x {micro_batch} rows x {block_size} tokens "
+    f"= {total_batch_size} tokens per step; {flops_per_step / 1e9:.2f} GFLOPs per step; {max_iters} steps = "
+    f"{max_iters * flops_per_step:.2e} FLOPs; device {device}, {dtype}")
+log(f"unigram baseline: a model that ignores context scores {unigram:.4f} nats on val")
 
 
 def get_lr(it):
@@ -204,14 +260,15 @@ def get_lr(it):
 
 @torch.no_grad()
 def estimate_val_loss():
-    """Mean loss over eval_iters fixed validation batches, split across processes."""
+    """Mean loss over eval_iters fixed validation batches of batch_size rows, split across processes."""
     model.eval()
     total = torch.zeros(2, device=device)
-    for i in range(rank, eval_iters, world_size):
-        x, views = get_batch("val", i)
+    # every process runs as many forward passes (FSDP's are collectives); those past eval_iters count for nothing
+    for i in range(rank, math.ceil(eval_iters / world_size) * world_size, world_size):
+        x, views = get_batch("val", i, n_rows=batch_size)
         with autocast:
             _, loss = model(x, views)
-        total += torch.stack([loss.float(), torch.ones((), device=device)])
+        total += (i < eval_iters) * torch.stack([loss.float(), torch.ones((), device=device)])
     if ddp:
         dist.all_reduce(total)
     model.train()
@@ -226,10 +283,12 @@ def save_checkpoint():
         rng = [torch.empty_like(mine) for _ in range(world_size)]
         dist.all_gather(rng, mine)
         rng = [r.cpu() for r in rng]
+    state = get_model_state_dict(raw_model, options=FULL)
+    optim_state = get_optimizer_state_dict(raw_model, optimizer, options=FULL)
     if not master:
         return
     os.makedirs(out_dir, exist_ok=True)
-    ckpt = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "model_type": model_type,
+    ckpt = {"model": state, "optimizer": optim_state, "model_type": model_type,
             "model_args": asdict(config), "config": settings, "step": step, "tokens": tokens_seen,
             "flops": flops_seen, "best_val_loss": best_val_loss, "rng": rng}
     torch.save(ckpt, ckpt_path + ".tmp")
@@ -244,35 +303,57 @@ def stop_non_finite(what, value):
 
 
 def run_probe():
-    from probe import probe_tasks as probe  # frozen GLUE probes on the bare model, the paper's monitor
-    return probe(raw_model, probe_tasks, probe_glue_dir or None, probe_max_train)
+    """Frozen GLUE probes, the paper's monitor, on the master process; every process calls this."""
+    from probe import probe_tasks as probe
+    target = raw_model
+    if fsdp:  # a sharded model cannot run on one process alone: probe an unsharded copy
+        state = get_model_state_dict(raw_model, options=FULL)
+        if not master:
+            return None
+        target = type(raw_model)(config).to(device)
+        target.load_state_dict(state)
+    return probe(target, probe_tasks, probe_glue_dir or None, probe_max_train) if master else None
+
+
+if master:
+    os.makedirs(out_dir, exist_ok=True)
+log_file = open(os.path.join(out_dir, "log.jsonl"), "a") if master else None
+
+
+def write_log(record):
+    if log_file:
+        log_file.write(json.dumps(record) + "\n")
+        log_file.flush()
+
+
+write_log({"step": step, "unigram_loss": round(unigram, 4), "max_iters": max_iters, "flops_per_step": flops_per_step,
+           "tokens_per_step": tokens_per_step, "positions_per_step": positions_per_step, "world_size": world_size})
 
 
 # -----------------------------------------------------------------------------
 # training loop
-if master:
-    os.makedirs(out_dir, exist_ok=True)
-log_file = open(os.path.join(out_dir, "log.jsonl"), "a") if master else None
 loss_sum = torch.zeros((), device=device)  # summed on the device; read only when logging, so no sync per step
 t_log, steps_since_log = time.perf_counter(), 0
 model.train()
 while True:
-    last = step == max_iters
+    last = step >= max_iters
     if step % eval_interval == 0 or last:
+        t_eval = time.perf_counter()
         val_loss = estimate_val_loss()
         if not math.isfinite(val_loss):
             stop_non_finite("the validation loss", val_loss)
-        record = {"step": step, "val_loss": round(val_loss, 4), "tokens": tokens_seen, "flops": flops_seen}
+        record = {"step": step, "val_loss": round(val_loss, 4), "below_unigram": round(unigram - val_loss, 4),
+                  "tokens": tokens_seen, "flops": flops_seen}
         if probe_interval and step % probe_interval == 0:
             record["probe"] = run_probe()
-        log(f"step {step}: val loss {val_loss:.4f}" + (f", probe {record['probe']}" if "probe" in record else ""))
-        if log_file:
-            log_file.write(json.dumps(record) + "\n")
-            log_file.flush()
+        gap = unigram - val_loss
+        log(f"step {step}: val loss {val_loss:.4f}, {abs(gap):.3f} nats {'below' if gap >= 0 else 'above'} the "
+            f"unigram baseline {unigram:.3f}" + (f", probe {record['probe']}" if "probe" in record else ""))
+        write_log(record)
         best_val_loss = min(best_val_loss, val_loss)
         if step > 0:
             save_checkpoint()
-        t_log = time.perf_counter()  # evaluation time is not training time
+        t_log += time.perf_counter() - t_eval  # evaluation time is not training time
     if last:
         break
 
@@ -280,9 +361,13 @@ while True:
     for group in optimizer.param_groups:
         group["lr"] = lr
     for micro in range(grad_accum):
-        x, views = get_batch("train", (step * grad_accum + micro) * world_size + rank)
-        if ddp:  # all-reduce the gradients once, in the backward pass of the last micro-step
-            model.require_backward_grad_sync = micro == grad_accum - 1
+        first = (rank * grad_accum + micro) * micro_batch  # this micro-step's rows of the step's batch
+        x, views = get_batch("train", step, slice(first, first + micro_batch))
+        if ddp:  # all-reduce (or reduce-scatter) the gradients once, in the backward pass of the last micro-step
+            if fsdp:
+                raw_model.set_requires_gradient_sync(micro == grad_accum - 1)
+            else:
+                model.require_backward_grad_sync = micro == grad_accum - 1
         with autocast:
             _, loss = model(x, views)
         (loss / grad_accum).backward()
@@ -293,27 +378,28 @@ while True:
     optimizer.zero_grad(set_to_none=True)
     step += 1
     steps_since_log += 1
-    tokens_seen += rows_per_step * block_size
+    tokens_seen += tokens_per_step
     flops_seen += flops_per_step
 
-    if step % log_interval == 0 or step == max_iters:
+    if step % log_interval == 0 or step >= max_iters:
         if ddp:
             dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
         train_loss = loss_sum.item() / steps_since_log
         if not math.isfinite(train_loss):
             stop_non_finite("the training loss", train_loss)
         dt = (time.perf_counter() - t_log) / steps_since_log
-        record = {"step": step, "loss": round(train_loss, 4), "lr": lr, "tokens_per_s": round(positions_per_step / dt),
+        record = {"step": step, "loss": round(train_loss, 4), "lr": lr,
+                  "input_tokens_per_s": round(tokens_per_step / dt), "view_positions_per_s": round(positions_per_step / dt),
                   "mfu": round(flops_per_step / dt / peak, 4), "tokens": tokens_seen, "flops": flops_seen,
                   "ms_per_step": round(1000 * dt, 1)}
-        log(f"step {step}: loss {train_loss:.4f}, lr {lr:.2e}, {record['tokens_per_s']} tok/s, "
-            f"MFU {100 * record['mfu']:.1f}%, {1000 * dt:.0f} ms/step, {flops_seen:.2e} FLOPs")
-        if log_file:
-            log_file.write(json.dumps(record) + "\n")
-            log_file.flush()
+        log(f"step {step}/{max_iters}: loss {train_loss:.4f}, lr {lr:.2e}, {record['input_tokens_per_s']} input tok/s "
+            f"({record['view_positions_per_s']} view positions/s), MFU {100 * record['mfu']:.1f}%, "
+            f"{1000 * dt:.0f} ms/step, {flops_seen:.2e} FLOPs")
+        write_log(record)
         loss_sum.zero_()
         t_log, steps_since_log = time.perf_counter(), 0
 
 log(f"done: {step} steps, {tokens_seen:,} tokens, {flops_seen:.2e} FLOPs; checkpoint at {ckpt_path}")
-if ddp:
+if ddp:  # leave together: a process that tears down gloo while another still talks to it aborts at exit
+    dist.barrier()
     dist.destroy_process_group()

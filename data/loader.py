@@ -32,7 +32,24 @@ class TokenWindows:
                                  f"tokenizer or is corrupted; {FIX}")
         self.path, self.block_size = path, block_size
 
-    def sample(self, batch_size, seed):
-        """(batch_size, block_size) LongTensor of windows at random offsets; seed (int or tuple of ints) fixes them."""
+    def sample(self, batch_size, seed, rows=slice(None)):
+        """(batch_size, block_size) LongTensor of windows at random offsets; seed (int or tuple of ints) fixes them.
+
+        rows picks some of the batch_size windows (e.g. one process's share) without changing any of them.
+        """
         starts = np.random.default_rng(seed).integers(0, len(self.tokens) - self.block_size + 1, size=batch_size)
-        return torch.from_numpy(np.stack([self.tokens[s:s + self.block_size] for s in starts]).astype(np.int64))
+        return torch.from_numpy(np.stack([self.tokens[s:s + self.block_size] for s in starts[rows]]).astype(np.int64))
+
+    def counts(self, minlength=VOCAB_SIZE):
+        """How often each token id occurs in the file."""
+        total = np.zeros(minlength, dtype=np.int64)
+        for i in range(0, len(self.tokens), 1 << 24):
+            total += np.bincount(self.tokens[i:i + (1 << 24)], minlength=minlength)[:minlength]
+        return total
+
+
+def unigram_loss(train_counts, val_counts):
+    """Cross-entropy (nats per token) of the val tokens under the train split's token frequencies,
+    add-one smoothed over len(train_counts) ids: what a model that ignores context scores."""
+    p = (train_counts + 1) / (train_counts.sum() + len(train_counts))
+    return float(-(val_counts * np.log(p)).sum() / val_counts.sum())

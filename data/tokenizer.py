@@ -7,6 +7,7 @@ import functools
 import hashlib
 import os
 
+import numpy as np
 import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenisation regex
 
@@ -54,3 +55,20 @@ def encode_batch(texts, threads=os.cpu_count()):
 
 def decode(ids):
     return get_tokenizer().decode([int(i) for i in ids])
+
+
+def compact_vocab(counts, size):
+    """A compact vocabulary of `size` ids, as a map from GPT-2 ids (VOCAB_SIZE,) to new ids.
+
+    Small models are head-bound: with GPT-2's 50k ids the LM head costs most of the FLOPs. The
+    size - 3 ids most frequent in `counts` (a corpus's token counts) keep an id each, most frequent
+    first; every other id becomes <unk> (size - 3); <mask> and <pad> are size - 2 and size - 1.
+    """
+    if not 4 <= size <= VOCAB_SIZE:
+        raise ValueError(f"a compact vocabulary needs 4 to {VOCAB_SIZE} ids, got {size}")
+    text = np.asarray(counts[:EOT + 1])  # the ids a corpus can hold
+    keep = np.argsort(-text, kind="stable")[:size - 3]
+    mapping = np.full(VOCAB_SIZE, size - 3, dtype=np.int64)
+    mapping[keep] = np.arange(len(keep))
+    mapping[MASK], mapping[PAD] = size - 2, size - 1
+    return mapping

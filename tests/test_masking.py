@@ -6,7 +6,7 @@ from masking import corrupt, make_views, view_shape
 T = 140  # divisible by every view count below (2, 4, 5, 7)
 
 
-@pytest.mark.parametrize("m", [0.15, 0.2, 0.5, 0.75])
+@pytest.mark.parametrize("m", [1 / 7, 0.2, 0.5, 0.75])
 @pytest.mark.parametrize("cms", [False, True])
 def test_views_shapes_and_ratio(m, cms):
     B = 3
@@ -17,14 +17,13 @@ def test_views_shapes_and_ratio(m, cms):
     if not cms:
         assert V == 1 and M == round(m * T)
     else:
-        # the realised ratio is the nearest that splits the sequence into equal chunks
-        assert abs(M / T - m) <= 0.05 and V == {0.15: 7, 0.2: 5, 0.5: 2, 0.75: 4}[m]
+        assert M / T == pytest.approx(m) and V == {1 / 7: 7, 0.2: 5, 0.5: 2, 0.75: 4}[m]
     # within a view, visible and targets are disjoint and together cover every position once
     both = torch.cat([views.visible, views.targets], dim=1).sort(dim=1).values
     assert torch.equal(both, torch.arange(T).expand(B * V, T))
 
 
-@pytest.mark.parametrize("m", [0.15, 0.2, 0.5, 0.75])
+@pytest.mark.parametrize("m", [1 / 7, 0.2, 0.5, 0.75])
 def test_cms_views_partition_positions(m):
     B = 4
     V, _, _ = view_shape(T, m, True)
@@ -61,6 +60,10 @@ def test_bad_ratio_and_block_size_are_clear_errors():
         view_shape(128, 1.0, False)
     with pytest.raises(ValueError, match="block_size must be a multiple of 4"):
         view_shape(130, 0.75, True)
+    for m in (0.4, 0.6, 0.7):  # CMS cannot realise these: an error, not the nearest ratio
+        with pytest.raises(ValueError, match=f"mask_ratio={m} is not one of them"):
+            view_shape(120, m, True)
+    assert view_shape(120, 2 / 3, True) == (3, 40, 80) and view_shape(120, 0.667, True) == (3, 40, 80)
 
 
 def test_corrupt_masks_targets_only():

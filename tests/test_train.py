@@ -116,3 +116,46 @@ def test_non_finite_loss_stops_without_saving(tmp_path, dataset):
     if (tmp_path / "ckpt.pt").exists():  # whatever was saved before the blow-up is finite
         state = torch.load(tmp_path / "ckpt.pt", weights_only=True)["model"]
         assert all(torch.isfinite(t).all() for t in state.values())
+
+
+def test_flop_budget_sets_the_steps(tmp_path, dataset):
+    from flops import training_flops
+    from model import CrossBERT, ModelConfig
+    cfg = CrossBERT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=8192,
+                                mask_token_id=8190)).config
+    per_step = training_flops(cfg, "crossbert", 64 // 32)
+    train(tmp_path, dataset, "--total_batch_size=64", "--eval_interval=100", f"--max_flops={3.5 * per_step}")
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert ckpt["step"] == 3 and ckpt["flops"] == 3 * per_step  # the most steps that fit in the budget
+
+
+def test_unigram_baseline_is_logged_and_exact(tmp_path):
+    import math
+    from collections import Counter
+    d = tmp_path / "data"
+    d.mkdir()
+    train_ids, val_ids = [1, 1, 1, 2, 2, 3] * 20, [1, 2, 3, 4, 4] * 20  # id 4 never occurs in train
+    np.array(train_ids, np.uint16).tofile(d / "train.bin")
+    np.array(val_ids, np.uint16).tofile(d / "val.bin")
+    train(tmp_path / "out", str(d), "--total_batch_size=64", "--max_iters=1", "--vocab_size=0")
+    logged = [json.loads(x) for x in open(tmp_path / "out" / "log.jsonl")]
+    c, V = Counter(train_ids), 50304  # add-one smoothing over the model's 50,304 ids
+    hand = -sum(math.log((c[t] + 1) / (len(train_ids) + V)) for t in val_ids) / len(val_ids)
+    assert logged[0]["unigram_loss"] == pytest.approx(hand, abs=1e-4)
+    assert logged[-1]["below_unigram"] == pytest.approx(hand - logged[-1]["val_loss"], abs=2e-4)
+
+
+def test_fsdp_equals_one_process_and_resumes(tmp_path, dataset):
+    args = ["--eval_interval=2", "--total_batch_size=128", "--learning_rate=3e-3", "--min_lr=3e-3", "--dtype=float32"]
+    train(tmp_path / "one", dataset, "--max_iters=4", *args)
+    train(tmp_path / "fsdp", dataset, "--max_iters=4", "--fsdp=True", *args, nproc=2)
+    one, fsdp = losses(tmp_path / "one"), losses(tmp_path / "fsdp")
+    assert all(fsdp[s] == pytest.approx(one[s], abs=2e-4) for s in one)
+    a = load_checkpoint(tmp_path / "one" / "ckpt.pt")[0].state_dict()
+    b = load_checkpoint(tmp_path / "fsdp" / "ckpt.pt")[0].state_dict()  # a full state dict, like any other run's
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+    # cut after 2 steps and resumed with FSDP: the same weights as the uninterrupted FSDP run
+    train(tmp_path / "cut", dataset, "--max_iters=2", "--fsdp=True", *args, nproc=2)
+    train(tmp_path / "cut", dataset, "--max_iters=4", "--fsdp=True", "--init_from=resume", *args, nproc=2)
+    c = load_checkpoint(tmp_path / "cut" / "ckpt.pt")[0].state_dict()
+    assert all(torch.equal(b[k], c[k]) for k in b)

@@ -1,0 +1,356 @@
+"""
+The paper's comparison at your scale: BERT and CrossBERT families trained at matched training FLOPs,
+every final checkpoint probed frozen, next to a random-init twin of the same shape.
+
+    python sweep.py --preset=cpu --dry_run           # the plan: runs, FLOPs, estimated time; trains nothing
+    python sweep.py --preset=cpu                      # 2 CPU cores, under an hour; writes sweep-cpu/
+    python sweep.py --preset=gpu --nproc=8            # one 8-GPU node over the paper's range (needs DCLM, see below)
+    python sweep.py --preset=cpu --tasks=path/a,path/b   # probe your own task folders instead of GLUE
+
+For each size, the BERT and the CrossBERT run get the same FLOP budget (train.py's max_flops, counted
+by flops.py): a tokens-per-parameter rule or the preset's explicit budgets. Batch size and learning rate
+come from power laws in the budget. Every run writes its own out_dir under the sweep folder; a run
+already in results.jsonl is skipped, and a run cut short resumes from its checkpoint, so rerunning the
+same command continues the sweep. Outputs, in out_dir: results.jsonl (one record per run),
+results.md (the table) and, with matplotlib installed, probe_vs_flops.png, val_loss_vs_flops.png and
+cms_tokens.png.
+
+Axes besides the main BERT-vs-CrossBERT comparison (the paper's ablations), at one size:
+  mask      BERT at 20% and 50% masking, CrossBERT at 50% and 75%, all at the same FLOPs
+  cms       CrossBERT with and without complementary masking at equal unique tokens (equal steps):
+            the "2x sample efficiency" claim, as val loss against unique training tokens
+  predictor CrossBERT's predictor depth, at the same FLOPs
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import torch
+
+from configurator import configure
+from flops import param_counts, training_flops
+from model import MODELS, ModelConfig, load_checkpoint, resolve
+
+# -----------------------------------------------------------------------------
+# Presets. Power laws: lr = lr0 * (F / F0) ** LR_EXP and batch = batch0 * (F / F0) ** BATCH_EXP tokens, with
+# DeepSeek LLM's fitted exponents (the paper fits such laws on its 50M-700M models and does not print them;
+# our choice), anchored at (F0, lr0, batch0), the CPU recipe measured in the README.
+LR_EXP, BATCH_EXP = -0.125, 0.327
+PRESETS = {
+    "cpu": dict(
+        dataset="tinybooks", block_size=128, vocab_size=8192, dtype="",   # "" = train.py's default dtype
+        sizes=[(2, 64, 2), (4, 128, 4), (4, 192, 4)],                     # (n_layer, n_embd, n_head)
+        flops=[4e12, 1.6e13, 6.4e13],          # explicit training-FLOP budgets, one per size (0 = tokens_per_param)
+        tokens_per_param=20,
+        anchor=(1.6e13, 2e-3, 2048),           # (F0, lr0, batch0 tokens)
+        ablation_size=1,                       # index into sizes
+        flops_per_s=1.0e11,                    # achieved training FLOP/s on 2 CPU cores (bf16), for the time estimate
+        overhead_s=60,                         # per run: compilation, validation, probing
+        probe_max_train=2000, eval_interval=100, nproc=1,
+    ),
+    "gpu": dict(
+        dataset="dclm", block_size=512, vocab_size=0, dtype="",
+        sizes=[(8, 512, 8), (12, 768, 12), (16, 1024, 16), (24, 1280, 20), (24, 1600, 25)],   # ~50M to ~800M
+        flops=[0, 0, 0, 0, 0],
+        tokens_per_param=20,
+        anchor=(1.6e13, 2e-3, 2048),
+        ablation_size=1,
+        flops_per_s=8 * 989e12 * 0.35,         # 8 H100/H200 at 35% MFU
+        overhead_s=300,
+        probe_max_train=20000, eval_interval=1000, nproc=8,
+    ),
+}
+
+settings = dict(
+    preset="cpu",
+    out_dir="",               # "" = sweep-<preset>
+    dry_run=False,
+    axes="main,mask,cms,predictor",
+    tasks="SST-2,CoLA,MRPC,STS-B,RTE,WNLI",   # GLUE names (read from glue_dir) or task folders (train.tsv, dev.tsv)
+    glue_dir="../shared/glue",
+    sts="../shared/glue/STS-B",               # zero-shot STS (embed.py); "" = skip
+    nproc=0,                  # processes per run (torchrun); 0 = the preset's
+    compile=True,
+)
+
+
+def round_batch(tokens, block_size, nproc):
+    """A batch of whole rows that splits evenly over the processes, as close to `tokens` as that allows."""
+    quantum = block_size * nproc
+    return max(quantum, quantum * round(tokens / quantum))
+
+
+def run_settings(p, n_layer, n_embd, n_head, model_type, flops, **extra):
+    """train.py settings for one run with a FLOP budget: lr and batch from the power laws."""
+    F0, lr0, batch0 = p["anchor"]
+    s = dict(model_type=model_type, n_layer=n_layer, n_embd=n_embd, n_head=n_head, block_size=p["block_size"],
+             dataset=p["dataset"], vocab_size=p["vocab_size"], max_flops=float(flops),
+             learning_rate=lr0 * (flops / F0) ** LR_EXP,
+             total_batch_size=round_batch(batch0 * (flops / F0) ** BATCH_EXP, p["block_size"], p["nproc"]))
+    s.update(min_lr=s["learning_rate"] / 10, **extra)
+    s["warmup_iters"] = max(1, steps_for(s)[0] // 20)  # 5% of the run
+    return s
+
+
+def model_config(s):
+    """The resolved ModelConfig that train.py builds from run settings s."""
+    args = dict(n_layer=s["n_layer"], n_embd=s["n_embd"], n_head=s["n_head"], block_size=s["block_size"])
+    if s.get("vocab_size"):
+        args.update(vocab_size=s["vocab_size"], mask_token_id=s["vocab_size"] - 2)
+    for k in ("mask_ratio", "cms", "pred_layer"):
+        if k in s:
+            args[k] = s[k]
+    return resolve(ModelConfig(**args), s["model_type"])
+
+
+def steps_for(s):
+    """How many steps train.py will take: the most that fit in max_flops, or max_iters."""
+    rows = s["total_batch_size"] // s["block_size"]
+    per_step = training_flops(model_config(s), s["model_type"], rows)
+    return max(1, int(s["max_flops"] // per_step)) if s.get("max_flops") else s["max_iters"], per_step
+
+
+def plan(p, axes):
+    """[(name, axis, train.py settings)] for the preset."""
+    runs = []
+    for i, (L, C, H) in enumerate(p["sizes"]):
+        budget = p["flops"][i]
+        if not budget:  # tokens per parameter, counted on BERT (the baseline every budget is quoted for)
+            cfg = model_config(dict(model_type="bert", n_layer=L, n_embd=C, n_head=H, block_size=p["block_size"],
+                                    vocab_size=p["vocab_size"]))
+            budget = p["tokens_per_param"] * param_counts(cfg, "bert")[0] * training_flops(cfg, "bert") / cfg.block_size
+        for model_type in ("bert", "crossbert"):
+            if "main" in axes or i == p["ablation_size"]:
+                runs.append((f"{model_type}-{L}x{C}", "main", run_settings(p, L, C, H, model_type, budget)))
+        if i != p["ablation_size"]:
+            continue
+        size = f"{L}x{C}"
+        if "mask" in axes:
+            runs.append((f"bert-{size}-mask0.5", "mask", run_settings(p, L, C, H, "bert", budget, mask_ratio=0.5)))
+            runs.append((f"crossbert-{size}-mask0.75", "mask",
+                         run_settings(p, L, C, H, "crossbert", budget, mask_ratio=0.75)))
+        if "predictor" in axes:
+            runs.append((f"crossbert-{size}-pred{max(2, L // 2)}", "predictor",
+                         run_settings(p, L, C, H, "crossbert", budget, pred_layer=max(2, L // 2))))
+        if "cms" in axes:  # CMS off sees as many unique tokens as the main CrossBERT run: same steps, half the FLOPs
+            main = run_settings(p, L, C, H, "crossbert", budget)
+            off = dict(main, cms=False, max_flops=0.0, max_iters=steps_for(main)[0])
+            runs.append((f"crossbert-{size}-nocms", "cms", off))
+    return runs
+
+
+# -----------------------------------------------------------------------------
+# Running and probing
+
+
+def train(name, s, run_dir, nproc, compile):
+    """Train one run (or resume it from its checkpoint); its log goes to run_dir/train.log."""
+    args = {**s, "out_dir": run_dir, "compile": compile,
+            "init_from": "resume" if os.path.exists(os.path.join(run_dir, "ckpt.pt")) else "scratch"}
+    launcher = [sys.executable, "train.py"] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py"]
+    cmd = launcher + [f"--{k}={v}" for k, v in args.items() if v != ""]
+    os.makedirs(run_dir, exist_ok=True)
+    with open(os.path.join(run_dir, "train.log"), "a") as f:
+        f.write(" ".join(cmd) + "\n")
+        f.flush()
+        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=os.path.dirname(os.path.abspath(__file__)))
+    if done.returncode:
+        sys.exit(f"sweep: run {name} failed (exit {done.returncode}); see {run_dir}/train.log, then rerun "
+                 "the same command to continue the sweep")
+
+
+def read_log(run_dir):
+    with open(os.path.join(run_dir, "log.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def evaluate(model, tasks, glue_dir, sts, max_train):
+    """Frozen-probe scores of a model: {"TASK/linear": %, ..., "linear_avg", "knn_avg", "sts_zero_shot"}."""
+    from embed import zero_shot_sts
+    from probe import probe_tasks
+    scores = probe_tasks(model, tasks, glue_dir or None, max_train)
+    for p in ("linear", "knn"):
+        vals = [v for k, v in scores.items() if k.endswith("/" + p)]
+        scores[f"{p}_avg"] = sum(vals) / len(vals)
+    if sts:
+        scores["sts_zero_shot"] = zero_shot_sts(model, sts)
+    return scores
+
+
+def random_twin(model, seed=0):
+    """A model of the same shape (and vocabulary map) with fresh random weights: the baseline to beat."""
+    torch.manual_seed(seed)
+    twin = type(model)(model.config)
+    if model.vocab_map is not None:
+        twin.vocab_map.copy_(model.vocab_map)
+    return twin.eval()
+
+
+# -----------------------------------------------------------------------------
+# Report: the table and the plots
+
+
+def table(results):
+    tasks = sorted({k.rsplit("/", 1)[0] for r in results for k in r["scores"] if "/" in k})
+    head = ["run", "axis", "params (M)", "train FLOPs", "steps", "input tokens", "val loss", "unigram",
+            "linear avg", "kNN avg", "STS 0-shot"] + [f"{t} lin/kNN" for t in tasks]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        sc = r["scores"]
+        cells = [r["name"], r["axis"], f"{r['params'] / 1e6:.2f}", f"{r['flops']:.2e}" if r["flops"] else "0",
+                 str(r["steps"]), f"{r['tokens']:,}", f"{r['val_loss']:.3f}" if r["val_loss"] else "-",
+                 f"{r['unigram_loss']:.3f}" if r["unigram_loss"] else "-", f"{sc['linear_avg']:.1f}",
+                 f"{sc['knn_avg']:.1f}", f"{sc['sts_zero_shot']:.1f}" if "sts_zero_shot" in sc else "-"]
+        cells += [f"{sc[t + '/linear']:.1f} / {sc[t + '/knn']:.1f}" for t in tasks]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(results, out_dir):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("sweep: matplotlib is not installed (pip install matplotlib); skipping the plots", file=sys.stderr)
+        return []
+    colors = {"bert": "tab:red", "crossbert": "tab:blue"}
+    main = [r for r in results if r["axis"] == "main"]
+    written = []
+
+    fig, axs = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, key, title in zip(axs, ("linear_avg", "knn_avg", "sts_zero_shot"),
+                              ("linear probe, GLUE average", "kNN probe, GLUE average", "zero-shot STS (Spearman)")):
+        for fam in ("bert", "crossbert"):
+            rs = sorted((r for r in main if r["model_type"] == fam and key in r["scores"]), key=lambda r: r["flops"])
+            ax.plot([r["flops"] for r in rs], [r["scores"][key] for r in rs], "o-", color=colors[fam], label=fam)
+            base = sorted((r for r in results if r["axis"] == "random" and r["model_type"] == fam
+                           and key in r["scores"]), key=lambda r: r["size_flops"])
+            ax.plot([r["size_flops"] for r in base], [r["scores"][key] for r in base], "x--", color=colors[fam],
+                    alpha=0.6, label=f"{fam} random init")
+        ax.set(xscale="log", xlabel="training FLOPs", title=title)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "probe_vs_flops.png"), dpi=120)
+    written.append("probe_vs_flops.png")
+
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for r in main:
+        curve = [(x["flops"], x["val_loss"]) for x in r["log"] if "val_loss" in x and x["flops"]]
+        ax.plot(*zip(*curve), color=colors[r["model_type"]], alpha=0.8, label=r["name"])
+        ax.axhline(r["unigram_loss"], color="gray", ls=":", lw=0.8)
+    ax.set(xscale="log", xlabel="training FLOPs", ylabel="val masked-token loss (nats)",
+           title="val loss (dotted: unigram baseline)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "val_loss_vs_flops.png"), dpi=120)
+    written.append("val_loss_vs_flops.png")
+
+    cms = [r for r in results if r["axis"] == "cms"]
+    if cms:
+        ref = next((r for r in main if r["name"] == cms[0]["name"].removesuffix("-nocms")), None)
+        fig, ax = plt.subplots(figsize=(6, 4.2))
+        for r, label in ((ref, "CMS on (2 views)"), (cms[0], "CMS off (1 view)")):
+            if r:
+                curve = [(x["tokens"], x["val_loss"]) for x in r["log"] if "val_loss" in x and x["tokens"]]
+                ax.plot(*zip(*curve), "o-", label=f"{label}: {r['name']}")
+        ax.set(xlabel="unique training tokens", ylabel="val masked-token loss (nats)",
+               title="complementary masking at equal unique tokens")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "cms_tokens.png"), dpi=120)
+        written.append("cms_tokens.png")
+    plt.close("all")
+    return written
+
+
+# -----------------------------------------------------------------------------
+
+
+def main(argv):
+    s = configure(settings, argv)
+    if s["preset"] not in PRESETS:
+        sys.exit(f"sweep: --preset={s['preset']!r}: expected one of {', '.join(PRESETS)}")
+    p = dict(PRESETS[s["preset"]])
+    p["nproc"] = s["nproc"] or p["nproc"]
+    out_dir = s["out_dir"] or f"sweep-{s['preset']}"
+    runs = plan(p, s["axes"].split(","))
+    extra = {k: v for k, v in (("dtype", p["dtype"]), ("eval_interval", p["eval_interval"])) if v}
+
+    print(f"preset {s['preset']}: {len(runs)} runs on {p['dataset']}, {p['nproc']} process(es) each, into {out_dir}/")
+    total_flops = total_s = 0
+    for name, axis, rs in runs:
+        steps, per_step = steps_for(rs)
+        cfg = model_config(rs)
+        est = steps * per_step / p["flops_per_s"] + p["overhead_s"]
+        total_flops, total_s = total_flops + steps * per_step, total_s + est
+        print(f"  {name:26s} {axis:9s} {param_counts(cfg, rs['model_type'])[0] / 1e6:7.2f}M params  "
+              f"budget {rs['max_flops'] or steps * per_step:.2e} FLOPs = {steps:6d} steps x "
+              f"{rs['total_batch_size']:7d} tokens  lr {rs['learning_rate']:.2e}  ~{est / 60:.1f} min")
+    print(f"total {total_flops:.2e} training FLOPs, about {total_s / 60:.0f} minutes on this preset's hardware "
+          f"({p['flops_per_s']:.1e} FLOP/s achieved + {p['overhead_s']} s per run)")
+    if s["dry_run"]:
+        return
+
+    os.makedirs(out_dir, exist_ok=True)
+    results_path = os.path.join(out_dir, "results.jsonl")
+    results = []
+    if os.path.exists(results_path):
+        with open(results_path) as f:
+            results = [json.loads(line) for line in f]
+    finished = {r["name"] for r in results}
+    if s["glue_dir"] and not os.path.isdir(s["glue_dir"]):
+        sys.exit(f"sweep: --glue_dir={s['glue_dir']} is not a folder; pass a GLUE folder (TASK/train.tsv, dev.tsv), "
+                 "or --glue_dir= (empty) to load GLUE from the hub, or --tasks= with your own task folders")
+    if s["sts"] and not os.path.exists(s["sts"]):
+        sys.exit(f"sweep: --sts={s['sts']} does not exist; pass STS-B's folder, or --sts= (empty) to skip zero-shot STS")
+    tasks, sts = s["tasks"], s["sts"]
+
+    def record(r):
+        results.append(r)
+        with open(results_path, "a") as f:
+            f.write(json.dumps(r) + "\n")
+
+    for name, axis, rs in runs:
+        run_dir = os.path.join(out_dir, name)
+        if name not in finished:
+            t0 = time.time()
+            print(f"sweep: training {name} ...", flush=True)
+            train(name, {**rs, **extra}, run_dir, p["nproc"], s["compile"])
+            t1 = time.time()
+            model, ckpt = load_checkpoint(os.path.join(run_dir, "ckpt.pt"))
+            log = read_log(run_dir)
+            vals = [x for x in log if "val_loss" in x]
+            r = dict(name=name, axis=axis, model_type=rs["model_type"], settings=rs, params=model.num_params(),
+                     flops=ckpt["flops"], tokens=ckpt["tokens"], steps=ckpt["step"], val_loss=vals[-1]["val_loss"],
+                     unigram_loss=next(x["unigram_loss"] for x in log if "unigram_loss" in x),
+                     scores=evaluate(model, tasks, s["glue_dir"], sts, p["probe_max_train"]),
+                     log=[x for x in log if "val_loss" in x], train_s=round(t1 - t0, 1),
+                     probe_s=round(time.time() - t1, 1))
+            record(r)
+            print(f"sweep: {name}: val loss {r['val_loss']:.3f} (unigram {r['unigram_loss']:.3f}), "
+                  f"linear {r['scores']['linear_avg']:.1f}, kNN {r['scores']['knn_avg']:.1f} "
+                  f"[{r['train_s']:.0f} s training, {r['probe_s']:.0f} s probing]", flush=True)
+        twin = f"random-{rs['model_type']}-{rs['n_layer']}x{rs['n_embd']}"
+        if axis == "main" and twin not in finished | {r["name"] for r in results}:
+            model, _ = load_checkpoint(os.path.join(run_dir, "ckpt.pt"))
+            r = dict(name=twin, axis="random", model_type=rs["model_type"], settings=rs, params=model.num_params(),
+                     flops=0, size_flops=rs["max_flops"], tokens=0, steps=0, val_loss=None, unigram_loss=None,
+                     scores=evaluate(random_twin(model), tasks, s["glue_dir"], sts, p["probe_max_train"]), log=[])
+            record(r)
+            print(f"sweep: {twin}: linear {r['scores']['linear_avg']:.1f}, kNN {r['scores']['knn_avg']:.1f}", flush=True)
+
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(table(results))
+    written = plots(results, out_dir)
+    print(table(results))
+    print(f"sweep: wrote {out_dir}/results.jsonl, results.md" + "".join(f", {w}" for w in written))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

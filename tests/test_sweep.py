@@ -1,0 +1,81 @@
+"""sweep.py: the plan, matched budgets, --dry_run, and resuming without retraining."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import sweep
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_dry_run_trains_nothing(tmp_path):
+    out = tmp_path / "sw"
+    r = subprocess.run([sys.executable, "sweep.py", "--preset=cpu", "--dry_run", f"--out_dir={out}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "bert-4x128" in r.stdout and "crossbert-4x128" in r.stdout and "minutes" in r.stdout
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("preset", ["cpu", "gpu"])
+def test_pairs_are_matched_on_flops(preset):
+    p = sweep.PRESETS[preset]
+    runs = {name: s for name, axis, s in sweep.plan(p, ["main", "mask", "cms", "predictor"])}
+    for name, s in runs.items():
+        if name.startswith("bert-") and name.count("-") == 1:
+            other = runs["cross" + name]
+            spent = [sweep.steps_for(x)[0] * sweep.steps_for(x)[1] for x in (s, other)]
+            assert s["max_flops"] == other["max_flops"] > 0
+            assert abs(spent[0] - spent[1]) / max(spent) < 0.05  # whole steps: within 5% of each other
+            assert max(spent) <= s["max_flops"]
+    # CMS off sees the same unique tokens as its CMS-on twin: same steps and batch, half the FLOPs
+    off = next(s for n, s in runs.items() if n.endswith("-nocms"))
+    on = runs[next(n for n in runs if n.endswith("-nocms")).removesuffix("-nocms")]
+    assert off["max_iters"] == sweep.steps_for(on)[0] and off["total_batch_size"] == on["total_batch_size"]
+
+
+def test_power_laws_follow_the_budget():
+    p = dict(sweep.PRESETS["cpu"], anchor=(1e13, 1e-3, 4096))
+    small, big = (sweep.run_settings(p, 2, 64, 2, "bert", f) for f in (1e13, 1e15))
+    assert small["learning_rate"] == pytest.approx(1e-3) and small["total_batch_size"] == 4096
+    assert big["learning_rate"] == pytest.approx(1e-3 * 100 ** sweep.LR_EXP)
+    assert big["total_batch_size"] == pytest.approx(4096 * 100 ** sweep.BATCH_EXP, rel=0.05)
+    assert big["total_batch_size"] % p["block_size"] == 0
+
+
+def test_sweep_runs_probes_and_resumes(tmp_path, monkeypatch):
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for split, n in [("train", 20_000), ("val", 4_000)]:
+        rng.integers(0, 100, n, dtype=np.uint16).tofile(data / f"{split}.bin")
+    task = tmp_path / "task"
+    task.mkdir()
+    for split, n in [("train", 60), ("dev", 20)]:
+        rows = ["sentence\tlabel"] + [f"{'good fine' if i % 2 else 'bad awful'} words {i}\t{i % 2}" for i in range(n)]
+        (task / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+    tiny = dict(sweep.PRESETS["cpu"], dataset=str(data), block_size=32, vocab_size=128, sizes=[(1, 32, 2)],
+                flops=[2e9], anchor=(2e9, 1e-3, 128), ablation_size=0, eval_interval=5, probe_max_train=0)
+    monkeypatch.setitem(sweep.PRESETS, "tiny", tiny)
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "sw"
+    argv = ["--preset=tiny", f"--out_dir={out}", "--axes=main", f"--tasks={task}", "--glue_dir=", "--sts=",
+            "--compile=False"]
+    sweep.main(argv)
+    results = [json.loads(x) for x in open(out / "results.jsonl")]
+    names = [r["name"] for r in results]
+    assert names == ["bert-1x32", "random-bert-1x32", "crossbert-1x32", "random-crossbert-1x32"]
+    bert, cross = results[0], results[2]
+    assert bert["flops"] <= 2e9 and cross["flops"] <= 2e9 and abs(bert["flops"] - cross["flops"]) / 2e9 < 0.25
+    assert bert["steps"] > 0 and bert["unigram_loss"] > 0 and 0 <= bert["scores"]["linear_avg"] <= 100
+    assert (out / "results.md").read_text().count("\n") == 2 + len(results)
+
+    def no_training(*args):
+        raise AssertionError("a finished run was trained again")
+    monkeypatch.setattr(sweep, "train", no_training)
+    sweep.main(argv)  # everything is in results.jsonl: nothing trains, nothing is added
+    assert [json.loads(x)["name"] for x in open(out / "results.jsonl")] == names
