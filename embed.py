@@ -12,8 +12,8 @@ Plain mean pooling with no training at all is the zero-shot row.
     python embed.py --ckpt=out/ckpt.pt --pairs=crop:../shared/corpus/gutenberg --sts=../shared/glue/STS-B
     python embed.py --ckpt=random --pairs=my_pairs.tsv --beir=scifact --unfreeze --out=scores.json
 
---pairs  crop:PATH         two random spans of one document of a local corpus (Contriever's
-                           independent cropping; .jsonl[.gz] with a "text" field, or .txt files)
+--pairs  crop:PATH         two random spans of one document of a local corpus (Contriever's independent
+                           cropping; the files data/local/prepare.py reads: .txt, .jsonl[.gz], .parquet)
          hf:NAME[:CONFIG]  the first two text columns of a hub dataset's train split,
                            e.g. hf:sentence-transformers/msmarco-bm25:triplet (query, positive)
          FILE.tsv|.jsonl   your own pairs: the first two text columns of each line
@@ -252,7 +252,7 @@ def first_two_texts(values, where):
     texts = [v for v in values if isinstance(v, str)]
     if len(texts) < 2:
         raise EvalError(f"{where}: expected two text columns, found {len(texts)}; fix: one pair per line, "
-                         "`text_a<TAB>text_b` (.tsv) or {\"a\": ..., \"b\": ...} (.jsonl)")
+                        "`text_a<TAB>text_b` (.tsv) or {\"a\": ..., \"b\": ...} (.jsonl)")
     return texts[0], texts[1]
 
 
@@ -265,7 +265,7 @@ def text_pairs(spec):
             rows = load_dataset(name, config or None, split="train", streaming=True)
         except Exception as e:  # offline, unknown name or config: all end here
             raise EvalError(f"--pairs={spec}: cannot load it from the hub ({str(e).splitlines()[0]}); offline, "
-                             "use --pairs=crop:CORPUS or a local .tsv/.jsonl of pairs") from None
+                            "use --pairs=crop:CORPUS or a local .tsv/.jsonl of pairs") from None
         for row in rows:
             yield first_two_texts(row.values(), spec)
         return

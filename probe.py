@@ -243,7 +243,7 @@ def read_tsv(path, header=None):
     for line, row in rows:
         if len(row) != len(names):
             raise EvalError(f"{path}:{line}: {len(row)} tab-separated fields where the header has {len(names)}; "
-                             "fix or delete that row (a field may not contain a tab)")
+                            "fix or delete that row (a field may not contain a tab)")
     return dict(zip(names, zip(*(row for _, row in rows))))
 
 
@@ -288,13 +288,13 @@ def glue_split(name, glue_dir, split):
             ds = datasets.load_dataset("nyu-mll/glue", task.hub, split=hub_split)
         except Exception as e:  # no internet, no cache, hub down: all end here
             raise EvalError(f"cannot load GLUE {name} from the hub (nyu-mll/glue, {task.hub}): "
-                             f"{str(e).splitlines()[0]}; offline, pass --glue_dir=PATH with PATH/<TASK>/train.tsv "
-                             "and dev.tsv") from None
+                            f"{str(e).splitlines()[0]}; offline, pass --glue_dir=PATH with PATH/<TASK>/train.tsv "
+                            "and dev.tsv") from None
         return list(zip(*(ds[c] for c in task.hub_texts))), np.array(ds["label"])
     folder = os.path.join(glue_dir, name)
     if not os.path.isdir(folder):
         raise EvalError(f"no folder {folder} for GLUE task {name}; put its train.tsv and dev.tsv there, "
-                         f"or leave {name} out of --tasks")
+                        f"or leave {name} out of --tasks")
     path = os.path.join(folder, "dev_matched.tsv" if (name, split) == ("MNLI", "dev") else f"{split}.tsv")
     return read_table(path, task.columns, task.classes, COLA_HEADER if name == "CoLA" else None)
 
@@ -333,7 +333,7 @@ def load_task(name, glue_dir=None, max_train=0, seed=1337):
         classes, metrics, data = folder_task(name)
     else:
         raise EvalError(f"unknown task {name!r}; use GLUE names ({','.join(GLUE)}) or the path of a folder "
-                         "with train.tsv and dev.tsv")
+                        "with train.tsv and dev.tsv")
     texts, labels = data["train"]
     if len(labels) < 2:
         raise EvalError(f"task {name} has {len(labels)} training example; the probes need at least 2")
