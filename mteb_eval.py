@@ -33,7 +33,7 @@ class Encoder(AbsEncoder):
     def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
         # all texts at once: embed() sorts them by length, which mteb's batches would not
         texts = [text for batch in inputs for text in batch["text"]]
-        return embed(self.model, self.pooler, texts).numpy()
+        return embed(self.model, self.pooler, texts).double().numpy()  # float64 cosines, as embed.eval_sts
 
 
 class LocalSTS(AbsTaskSTS):
