@@ -401,7 +401,9 @@ def run(args):
         t1 = time.time()
         scores = evaluate(model, pooler, sts, beir)
         if args.mteb:
-            scores.update(mteb_eval.run(model, pooler, mteb_tasks, args.mteb_out, f"{model_type}/{name}"))
+            revision = "random" if args.ckpt == "random" else f"step-{info.get('step')}"
+            scores.update(mteb_eval.run(model, pooler, mteb_tasks, args.mteb_out,
+                                        f"{model_type}-{cfg.n_layer}x{cfg.n_embd}/{name}", revision))
         rows.append(dict(name=name if pooler is None else f"{name} ({args.pooler} pooler)", scores=scores,
                          steps=len(losses), final_loss=losses[-1] if losses else None,
                          train_s=t1 - t0, eval_s=time.time() - t1))

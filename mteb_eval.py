@@ -23,11 +23,11 @@ from features import EvalError
 class Encoder(AbsEncoder):
     """mteb's encoder protocol: unit-norm embeddings of the backbone's last layer through the pooler."""
 
-    def __init__(self, model, pooler=None, name="crossbert/zero-shot"):
+    def __init__(self, model, pooler, name, revision):
         self.model, self.pooler = model, pooler
-        # the name ("org/model") and revision name the results subfolder
+        # the name ("org/model") and the revision name the results subfolder
         self.mteb_model_meta = ModelMeta.create_empty(dict(
-            name=name, revision="local", embed_dim=model.config.n_embd, n_parameters=model.num_params(),
+            name=name, revision=revision, embed_dim=model.config.n_embd, n_parameters=model.num_params(),
             max_tokens=model.config.block_size, similarity_fn_name=ScoringFunction.COSINE, framework=["PyTorch"]))
 
     def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
@@ -69,9 +69,12 @@ def get_tasks(spec):
     return tasks
 
 
-def run(model, pooler, tasks, out_dir, name):
-    """{"mteb/<task>": main score x100} of mteb's evaluation; results in out_dir as mteb writes them (overwritten)."""
-    result = mteb.evaluate(Encoder(model, pooler, name), tasks, cache=mteb.ResultCache(out_dir),
+def run(model, pooler, tasks, out_dir, name, revision):
+    """{"mteb/<task>": main score x100} of mteb's evaluation.
+
+    Results go to out_dir/results/<name with __ for />/<revision>/<task>.json, as mteb writes them (overwritten).
+    """
+    result = mteb.evaluate(Encoder(model, pooler, name, revision), tasks, cache=mteb.ResultCache(out_dir),
                            overwrite_strategy="always", show_progress_bar=sys.stderr.isatty(),
                            encode_kwargs=dict(batch_size=256))
     return {f"mteb/{r.task_name}": 100 * float(r.get_score()) for r in result.task_results}

@@ -18,10 +18,10 @@ def test_glue_sts_b_through_mteb_equals_our_zero_shot_score(shared_dir, tmp_path
     model = CrossBERT(ModelConfig(**TINY)).eval()
     tasks = mteb_eval.get_tasks(str(sts))  # loaded from the local dev.tsv, no hub
     assert [t.metadata.name for t in tasks] == ["STS-B"] and len(tasks[0].dataset["test"]) == 1500
-    scores = mteb_eval.run(model, None, tasks, tmp_path, "crossbert/zero-shot")
+    scores = mteb_eval.run(model, None, tasks, tmp_path, "crossbert/zero-shot", "random")
     ours = embed.zero_shot_sts(model, sts)
     assert 5 < abs(ours) < 100 and scores == {"mteb/STS-B": pytest.approx(ours, abs=1e-6)}
-    saved = json.loads((tmp_path / "results/crossbert__zero-shot/local/STS-B.json").read_text())  # mteb's layout
+    saved = json.loads((tmp_path / "results/crossbert__zero-shot/random/STS-B.json").read_text())  # mteb's layout
     assert saved["scores"]["test"][0]["cosine_spearman"] == pytest.approx(ours / 100, abs=1e-6)
 
 
@@ -38,7 +38,7 @@ def test_command_line_scores_every_row_through_mteb(tmp_path, capsys):
         assert r["scores"]["mteb/sts"] == pytest.approx(r["scores"]["sts"], abs=1e-6)
     assert rows[0]["scores"]["sts"] != rows[1]["scores"]["sts"]
     for row in ("zero-shot", "frozen"):
-        assert (tmp_path / "mteb" / "results" / f"crossbert__{row}" / "local" / "sts.json").is_file()
+        assert (tmp_path / "mteb" / "results" / f"crossbert-2x32__{row}" / "random" / "sts.json").is_file()
 
 
 def test_unknown_task_is_a_clear_error():
