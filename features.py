@@ -100,7 +100,7 @@ def features(model, ids, layers=None, batch_size=64, pool=mean_pool, desc=None):
     """{layer: (N, C) float32 array}: each sequence's states at that layer (default: the last), pooled.
 
     pool(h, mask) -> (B, C); plain mean over the real tokens by default. Sequences are sorted by length,
-    so most batches need no padding and run encode() without a mask, on its fast attention path.
+    so batches need little padding, and a batch with none runs encode() without a mask (the fast path).
     The model runs in eval mode (dropout off); its train/eval mode is restored afterwards.
     """
     layers = layers or [model.config.n_layer]
