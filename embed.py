@@ -12,17 +12,18 @@ Plain mean pooling with no training at all is the zero-shot row.
     python embed.py --ckpt=out/ckpt.pt --pairs=crop:../shared/corpus/gutenberg --sts=../shared/glue/STS-B
     python embed.py --ckpt=random --pairs=my_pairs.tsv --beir=scifact --unfreeze --out=scores.json
 
---pairs  crop:PATH         two random spans of one document of a local corpus (Contriever's
-                           independent cropping; .jsonl[.gz] with a "text" field, or .txt files)
+--pairs  crop:PATH         two random spans of one document of a local corpus (Contriever's independent
+                           cropping; the files data/local/prepare.py reads: .txt, .jsonl[.gz], .parquet)
          hf:NAME[:CONFIG]  the first two text columns of a hub dataset's train split,
                            e.g. hf:sentence-transformers/msmarco-bm25:triplet (query, positive)
          FILE.tsv|.jsonl   your own pairs: the first two text columns of each line
 --sts    STS-B in GLUE layout (a folder with dev.tsv), or a folder/file of SemEval-style
          `score<TAB>sentence1<TAB>sentence2` lines; comma-separate several
 --beir   BEIR folders (corpus.jsonl, queries.jsonl, qrels/test.tsv); comma-separate several
+--mteb   MTEB tasks scored by mteb's own evaluators (pip install mteb; see mteb_eval.py): task names,
+         e.g. STSBenchmark,Banking77Classification (data from the hub), or local STS sets as --sts takes
 """
 import argparse
-import csv
 import gzip
 import itertools
 import json
@@ -37,19 +38,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from data.corpus import FORMATS, find_files, read_files
 from data.tokenizer import EOT, encode
-from model import MODELS, ModelConfig
-from probe import ProbeError, load_model, pad, spearman, tokenize  # shared with the GLUE probes
+from features import EvalError, add_model_args, features, load_model, mean_pool, pad, tokenize
+from probe import read_table, spearman  # GLUE's STS-B goes through the probes' GLUE reader
 
 # ----------------------------------------------------------------------------
 # Poolers: (B, T, C) token states + (B, T) padding mask -> (B, C) embedding.
 # Both start out as exactly plain mean pooling (our choice), so training moves away from the zero-shot row.
-
-def mean_pool(h, mask):
-    """Average of the token states over real tokens (mask 1)."""
-    m = mask.unsqueeze(-1).to(h.dtype)
-    return (h * m).sum(1) / m.sum(1)
-
 
 class MeanPooler(nn.Module):
     """Mean pooling, then a learned linear head."""
@@ -113,28 +109,28 @@ def recall_at_k(ranked, qrel, k=100):
 # ----------------------------------------------------------------------------
 # Embedding and evaluation
 
-@torch.no_grad()
-def embed(model, pooler, texts, batch_size=256):
+def embed(model, pooler, texts, batch_size=256, desc=None):
     """Unit-norm embeddings (N, C) of texts: the pooler's, or plain mean pooling when pooler is None."""
-    model.eval()
-    seqs, _ = tokenize([(t,) for t in texts], model.config.block_size)
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))  # similar lengths together: little padding
-    out = torch.empty(len(seqs), model.config.n_embd)
-    device = next(model.parameters()).device
-    for s in range(0, len(order), batch_size):
-        rows = order[s:s + batch_size]
-        idx, mask = pad([seqs[i] for i in rows], device)
-        h = model.encode(idx, mask)
-        z = mean_pool(h, mask) if pooler is None else pooler(h, mask)
-        out[rows] = F.normalize(z.float(), dim=-1).cpu()
-    return out
+    ids, _ = tokenize([(t,) for t in texts], model.config.block_size)
+    z = features(model, ids, batch_size=batch_size, pool=pooler or mean_pool, desc=desc)[model.config.n_layer]
+    return F.normalize(torch.from_numpy(z), dim=-1)
 
 
 def eval_sts(model, pooler, pairs):
     """Spearman x100 between cosine similarity and the gold score; pairs: [(sentence1, sentence2, score)]."""
     s1, s2, gold = zip(*pairs)
-    cos = (embed(model, pooler, s1) * embed(model, pooler, s2)).sum(-1)
-    return 100 * spearman(cos.numpy(), gold)
+    # cosines in float64: float32 rounding ties or swaps close cosines, which moves the score by about 1e-4
+    e1, e2 = (F.normalize(embed(model, pooler, s).double(), dim=-1) for s in (s1, s2))
+    return 100 * spearman((e1 * e2).sum(-1).numpy(), gold)
+
+
+def zero_shot_sts(model, sts_path):
+    """The zero-shot STS score: Spearman x100 of the cosine similarity of plain mean-pooled last-layer
+    features vs the gold score, on one STS set (a GLUE STS-B folder, or a SemEval-style file)."""
+    sets = read_sts(sts_path)
+    if len(sets) != 1:
+        raise EvalError(f"{sts_path} holds {len(sets)} STS sets ({', '.join(sets)}); pass one of them")
+    return eval_sts(model, None, *sets.values())
 
 
 def zero_shot_sts(model, path):
@@ -165,7 +161,7 @@ def eval_retrieval(model, pooler, beir, k=100):
     """nDCG@10 and Recall@100 (x100), averaged over the queries that have a relevant doc."""
     corpus, queries, qrels = beir
     doc_ids, qids = list(corpus), list(qrels)
-    d = embed(model, pooler, corpus.values())
+    d = embed(model, pooler, list(corpus.values()), desc="corpus")
     q = embed(model, pooler, [queries[i] for i in qids])
     row = {doc: r for r, doc in enumerate(doc_ids)}
     # as BEIR and MTEB: a query never retrieves a doc with its own id (datasets where queries are docs too)
@@ -228,29 +224,21 @@ def read_jsonl(path, keys=()):
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON ({e.msg}); fix: one JSON object per line") from None
+                raise EvalError(f"{path}:{n}: not valid JSON ({e.msg}); fix: one JSON object per line") from None
             if not isinstance(obj, dict) or not all(isinstance(obj.get(k), str) for k in keys):
-                raise ValueError(f"{path}:{n}: expected a JSON object with the fields {list(keys)}; fix: add them")
+                raise EvalError(f"{path}:{n}: expected a JSON object with the fields {list(keys)}; fix: add them")
             yield n, obj
-
-
-def corpus_docs(path):
-    """Document texts of a local corpus, streamed: .jsonl[.gz] files with a "text" field per line, or .txt files."""
-    p = Path(path)
-    files = [f for f in (sorted(p.iterdir()) if p.is_dir() else [p]) if f.name.endswith((".jsonl", ".jsonl.gz", ".txt"))]
-    if not files:
-        raise ValueError(f"{path}: no .jsonl, .jsonl.gz or .txt files; pass a corpus folder or file, as --pairs=crop:PATH")
-    for f in files:
-        if f.suffix == ".txt":
-            yield f.read_text(encoding="utf-8")
-        else:
-            yield from (obj["text"] for _, obj in read_jsonl(f, ["text"]))
 
 
 def crop_pairs(path, seed, passage=64, chars_per_passage=10_000, lo=0.1, hi=0.5):
     """Contriever's independent cropping: two random spans, each 10-50% long, of one passage of one document.
     Our choice: a whole book is too broad to be one "document", so passages of `passage` tokens are
-    cut at random places, one per `chars_per_passage` characters of text."""
+    cut at random places, one per `chars_per_passage` characters of text.
+    path: a corpus as data/local/prepare.py reads it, through the same reader."""
+    try:
+        find_files(str(path))
+    except (OSError, ValueError):
+        raise EvalError(f"--pairs=crop:{path}: no corpus there; pass {FORMATS}") from None
     rng = random.Random(seed)
 
     def span(ids):
@@ -258,7 +246,7 @@ def crop_pairs(path, seed, passage=64, chars_per_passage=10_000, lo=0.1, hi=0.5)
         start = rng.randint(0, len(ids) - n)
         return ids[start:start + n]
 
-    for text in corpus_docs(path):
+    for text in read_files(str(path)):
         for _ in range(max(1, len(text) // chars_per_passage)):
             start = rng.randrange(max(1, len(text) - 8 * passage))  # 8 characters a token is plenty for English
             ids = encode(text[start:start + 8 * passage])[1:passage + 1]  # the cut may split the first word
@@ -269,8 +257,8 @@ def crop_pairs(path, seed, passage=64, chars_per_passage=10_000, lo=0.1, hi=0.5)
 def first_two_texts(values, where):
     texts = [v for v in values if isinstance(v, str)]
     if len(texts) < 2:
-        raise ValueError(f"{where}: expected two text columns, found {len(texts)}; fix: one pair per line, "
-                         "`text_a<TAB>text_b` (.tsv) or {\"a\": ..., \"b\": ...} (.jsonl)")
+        raise EvalError(f"{where}: expected two text columns, found {len(texts)}; fix: one pair per line, "
+                        "`text_a<TAB>text_b` (.tsv) or {\"a\": ..., \"b\": ...} (.jsonl)")
     return texts[0], texts[1]
 
 
@@ -282,14 +270,14 @@ def text_pairs(spec):
         try:
             rows = load_dataset(name, config or None, split="train", streaming=True)
         except Exception as e:  # offline, unknown name or config: all end here
-            raise ValueError(f"--pairs={spec}: cannot load it from the hub ({str(e).splitlines()[0]}); offline, "
-                             "use --pairs=crop:CORPUS or a local .tsv/.jsonl of pairs") from None
+            raise EvalError(f"--pairs={spec}: cannot load it from the hub ({str(e).splitlines()[0]}); offline, "
+                            "use --pairs=crop:CORPUS or a local .tsv/.jsonl of pairs") from None
         for row in rows:
             yield first_two_texts(row.values(), spec)
         return
     path = Path(spec)
     if not path.is_file() or path.suffix not in (".tsv", ".jsonl"):
-        raise ValueError(f"--pairs={spec}: no such .tsv or .jsonl file; pass crop:CORPUS, hf:NAME[:CONFIG] or a pairs file")
+        raise EvalError(f"--pairs={spec}: no such .tsv or .jsonl file; pass crop:CORPUS, hf:NAME[:CONFIG] or a pairs file")
     if path.suffix == ".jsonl":
         for n, obj in read_jsonl(path):
             yield first_two_texts(obj.values(), f"{path}:{n}")
@@ -323,37 +311,16 @@ def pair_stream(spec, seed, max_len, buffer=4096):
 def read_sts(path):
     """{name: [(sentence1, sentence2, score)]}: STS-B in GLUE's layout (a folder with dev.tsv), or SemEval-style
     files of `score<TAB>sentence1<TAB>sentence2` lines (a file, or every .tsv/.txt file of a folder)."""
-    p = Path(path)
+    p, columns = Path(path), ("sentence1", "sentence2", "score")
     if (p / "dev.tsv").is_file():
-        return {p.name: read_sts_file(p / "dev.tsv", glue=True)}
-    files = sorted(f for f in p.iterdir() if f.suffix in (".tsv", ".txt")) if p.is_dir() else [p]
-    if not files or not files[0].is_file():
-        raise ValueError(f"--sts={path}: no STS-B dev.tsv and no .tsv/.txt files of `score<TAB>s1<TAB>s2` lines there")
-    return {f"{p.name}/{f.stem}" if p.is_dir() else f.stem: read_sts_file(f, glue=False) for f in files}
-
-
-def read_sts_file(path, glue):
-    """GLUE's STS-B layout: a header row, 10 fields a row; SemEval style: no header, score, sentence1, sentence2."""
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)  # quote characters are text in these files
-        header = next(rows, []) if glue else ["score", "sentence1", "sentence2"]
-        if header[-3:] != ["sentence1", "sentence2", "score"] and glue:
-            raise ValueError(f"{path}:1: the header does not end with sentence1, sentence2, score; "
-                             "fix: pass STS-B's dev.tsv in GLUE's layout")
-        s1, s2, y = (header.index(c) for c in ("sentence1", "sentence2", "score"))
-        out = []
-        for r in rows:
-            where = f"{path}:{rows.line_num}"
-            if not r:
-                continue
-            if len(r) != len(header):
-                raise ValueError(f"{where}: {len(r)} tab-separated fields, expected {len(header)}; fix: one pair per "
-                                 "line, " + ("as in the header" if glue else "`score<TAB>sentence1<TAB>sentence2`"))
-            try:
-                out.append((r[s1], r[s2], float(r[y])))
-            except ValueError:
-                raise ValueError(f"{where}: score {r[y]!r} is not a number; fix: put the gold score there") from None
-    return out
+        files = {p.name: (p / "dev.tsv", None)}  # GLUE's header names the columns
+    else:
+        found = sorted(f for f in p.iterdir() if f.suffix in (".tsv", ".txt")) if p.is_dir() else [p]
+        if not found or not found[0].is_file():
+            raise EvalError(f"--sts={path}: no STS-B dev.tsv and no .tsv/.txt files of `score<TAB>s1<TAB>s2` lines there")
+        files = {f"{p.name}/{f.stem}" if p.is_dir() else f.stem: (f, ("score",) + columns[:2]) for f in found}
+    return {name: [(a, b, y) for (a, b), y in zip(*read_table(f, columns, None, header))]
+            for name, (f, header) in files.items()}
 
 
 def read_beir(folder):
@@ -361,43 +328,39 @@ def read_beir(folder):
     p = Path(folder)
     for name in ("corpus.jsonl", "queries.jsonl", "qrels/test.tsv"):
         if not (p / name).is_file():
-            raise ValueError(f"--beir={folder}: no {name}; a BEIR folder holds corpus.jsonl, queries.jsonl, qrels/test.tsv")
+            raise EvalError(f"--beir={folder}: no {name}; a BEIR folder holds corpus.jsonl, queries.jsonl, qrels/test.tsv")
     corpus = {str(d["_id"]): f"{d.get('title') or ''} {d['text']}".strip()
               for _, d in read_jsonl(p / "corpus.jsonl", ["_id", "text"])}
     queries = {str(q["_id"]): q["text"] for _, q in read_jsonl(p / "queries.jsonl", ["_id", "text"])}
     qrels, path = {}, p / "qrels/test.tsv"
     with open(path, encoding="utf-8") as f:
         if f.readline().rstrip("\n").split("\t") != ["query-id", "corpus-id", "score"]:
-            raise ValueError(f"{path}:1: expected the header query-id<TAB>corpus-id<TAB>score; fix: add it")
+            raise EvalError(f"{path}:1: expected the header query-id<TAB>corpus-id<TAB>score; fix: add it")
         for n, line in enumerate(f, 2):
             if not line.strip():
                 continue
             r = line.rstrip("\n").split("\t")
             if len(r) != 3 or not r[2].lstrip("-").isdigit():
-                raise ValueError(f"{path}:{n}: expected query-id<TAB>corpus-id<TAB>integer score; fix that line")
+                raise EvalError(f"{path}:{n}: expected query-id<TAB>corpus-id<TAB>integer score; fix that line")
             if r[0] not in queries:
-                raise ValueError(f"{path}:{n}: query id {r[0]!r} is not in queries.jsonl; fix the id or add the query")
+                raise EvalError(f"{path}:{n}: query id {r[0]!r} is not in queries.jsonl; fix the id or add the query")
             if int(r[2]) > 0:  # grade 0 (judged not relevant) counts the same as unjudged for both metrics
                 qrels.setdefault(r[0], {})[r[1]] = int(r[2])
     if not qrels:
-        raise ValueError(f"{path}: no query has a relevant doc (score > 0); nothing to evaluate")
+        raise EvalError(f"{path}: no query has a relevant doc (score > 0); nothing to evaluate")
     return corpus, queries, qrels
 
 # ----------------------------------------------------------------------------
 # Command line
 
 def main(argv=None):
-    d = ModelConfig()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ckpt", default="out/ckpt.pt", help="a train.py checkpoint, or 'random' for a random-init model")
-    ap.add_argument("--model_type", default="crossbert", choices=sorted(MODELS), help="--ckpt=random only, as the next four")
-    ap.add_argument("--n_layer", type=int, default=d.n_layer)
-    ap.add_argument("--n_head", type=int, default=d.n_head)
-    ap.add_argument("--n_embd", type=int, default=d.n_embd)
-    ap.add_argument("--block_size", type=int, default=d.block_size)
+    add_model_args(ap)
     ap.add_argument("--pairs", default="", help="crop:PATH, hf:NAME[:CONFIG] or a .tsv/.jsonl file; none: zero-shot only")
     ap.add_argument("--sts", default="", help="STS sets, comma-separated")
     ap.add_argument("--beir", default="", help="BEIR folders, comma-separated")
+    ap.add_argument("--mteb", default="", help="MTEB task names or local STS sets, comma-separated (pip install mteb)")
+    ap.add_argument("--mteb_out", default="mteb_results", help="mteb's results folder, one subfolder per row")
     ap.add_argument("--pooler", default="attn", choices=sorted(POOLERS))
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--batch_size", type=int, default=64)
@@ -405,23 +368,27 @@ def main(argv=None):
     ap.add_argument("--backbone_lr", type=float, default=1e-4, help="backbone learning rate with --unfreeze")
     ap.add_argument("--temperature", type=float, default=0.05)
     ap.add_argument("--unfreeze", action="store_true", help="also train a pooler with the backbone finetuned")
-    ap.add_argument("--seed", type=int, default=1337)
-    ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default="", help="write every score and timing to this .json file")
     args = ap.parse_args(argv)
-    if not args.sts and not args.beir:
-        ap.error("nothing to evaluate: pass --sts=... and/or --beir=...")
+    if not (args.sts or args.beir or args.mteb):
+        ap.error("nothing to evaluate: pass --sts=..., --beir=... and/or --mteb=...")
     if args.unfreeze and not args.pairs:
         ap.error("--unfreeze trains on pairs: pass --pairs=...")
+    try:
+        run(args)
+    except EvalError as e:
+        sys.exit(f"embed.py: error: {e}")
+
+
+def run(args):
     t_start = time.time()
     # read every evaluation set first, so a malformed file fails before any training
     sts = {k: v for path in filter(None, args.sts.split(",")) for k, v in read_sts(path).items()}
     beir = {Path(path).name: read_beir(path) for path in filter(None, args.beir.split(","))}
-
-    try:
-        model, info = load_model(args)  # probe.py's: a checkpoint, or --ckpt=random of the size flags
-    except ProbeError as e:
-        sys.exit(f"embed.py: error: {e}")
+    if args.mteb:
+        import mteb_eval  # mteb is optional: only --mteb needs it
+        mteb_tasks = mteb_eval.get_tasks(args.mteb)
+    model, info = load_model(args)
     model_type, cfg = info["model_type"], model.config
     if args.pairs:  # a bad --pairs fails now, not after the zero-shot evaluation
         next(pair_stream(args.pairs, args.seed, cfg.block_size))
@@ -438,6 +405,10 @@ def main(argv=None):
                            args.temperature, unfreeze=name == "unfrozen", log=name)
         t1 = time.time()
         scores = evaluate(model, pooler, sts, beir)
+        if args.mteb:
+            revision = "random" if args.ckpt == "random" else f"step-{info.get('step')}"
+            scores.update(mteb_eval.run(model, pooler, mteb_tasks, args.mteb_out,
+                                        f"{model_type}-{cfg.n_layer}x{cfg.n_embd}/{name}", revision))
         rows.append(dict(name=name if pooler is None else f"{name} ({args.pooler} pooler)", scores=scores,
                          steps=len(losses), final_loss=losses[-1] if losses else None,
                          train_s=t1 - t0, eval_s=time.time() - t1))

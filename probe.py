@@ -2,8 +2,9 @@
 Frozen evaluation: how usable are a backbone's features to simple probes?
 
 The backbone is frozen. Each sentence (or pair, encoded jointly as `a <|endoftext|> b`) becomes
-the mean of its last-layer states over its real tokens. Two probes are fitted on the train split
-and scored on dev with each task's GLUE metric:
+the mean of its last-layer states over its real tokens (features.py). With --layers, the features of
+layer i are the final norm applied to block i's output, so all layers are on one scale.
+Two probes are fitted on the train split and scored on dev with each task's GLUE metric:
   - linear: closed-form ridge regression on standardised features onto one-hot targets (argmax),
     or onto the score for regression (STS-B); λ picked on a held-out part of train;
   - kNN: cosine similarity, similarity-weighted vote of the k nearest train examples (weighted
@@ -29,70 +30,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from data.tokenizer import EOT, PAD, encode_batch
-from model import MODELS, ModelConfig, load_checkpoint
+from features import EvalError, add_model_args, features, load_model, tokenize
 
 LAMBDAS = 10.0 ** np.arange(-5, 2.01, 0.5)  # ridge penalty per training example (features have unit variance)
 KS = (1, 3, 5, 10, 20, 50, 100)
 TAU = 0.07      # kNN vote weight exp(similarity / TAU), as in instance-discrimination kNN (our choice)
 VAL_FRAC = 0.2  # part of train held out to pick λ and k
 
-
-class ProbeError(Exception):
-    """Bad input; the message names the file or option and the fix."""
-
-# ----------------------------------------------------------------------------
-# Features
-
-
-def tokenize(texts, block_size):
-    """Token ids of single sentences, or of pairs encoded jointly as a + [EOT] + b; (ids, number truncated)."""
-    columns = [encode_batch([t[j] for t in texts]) for j in range(len(texts[0]))]
-    ids, n_truncated = [], 0
-    for parts in zip(*columns):
-        if len(parts) == 1:
-            x = parts[0][:block_size] or [EOT]  # our choice: an empty text is a lone <|endoftext|>
-        else:
-            a, b = parts
-            # our choice: trim the longer side first, so each side keeps at least half of the room
-            room = block_size - 1
-            keep_b = min(len(b), max(room // 2, room - len(a)))
-            x = a[:room - keep_b] + [EOT] + b[:keep_b]
-        n_truncated += sum(map(len, parts)) + len(parts) - 1 > block_size
-        ids.append(x)
-    return ids, n_truncated
-
-
-def pad(seqs, device):
-    """Token id lists -> ids (B, T) padded with <pad>, and mask (B, T), True on real tokens."""
-    ids = torch.full((len(seqs), max(map(len, seqs))), PAD)
-    mask = torch.zeros(ids.shape, dtype=torch.bool)
-    for i, s in enumerate(seqs):
-        ids[i, :len(s)] = torch.tensor(s)
-        mask[i, :len(s)] = True
-    return ids.to(device), mask.to(device)
-
-
-@torch.inference_mode()
-def features(model, ids, layers, batch_size=64, desc=None):
-    """{layer: (N, C) float32 array}: each sequence's hidden states at that layer, averaged over its tokens."""
-    device = next(model.parameters()).device
-    order = np.argsort([len(x) for x in ids], kind="stable")  # similar lengths per batch: little padding
-    pooled = {layer: [] for layer in layers}
-    for start in range(0, len(ids), batch_size):
-        idx, mask = pad([ids[i] for i in order[start:start + batch_size]], device)
-        hs = model.encode(idx, mask, layers=list(layers))
-        m = mask[..., None].float()
-        for layer, h in zip(layers, hs):
-            pooled[layer].append(((h.float() * m).sum(1) / m.sum(1)).cpu().numpy())
-        if desc:
-            done = min(start + batch_size, len(ids))
-            print(f"\r{desc}: {done}/{len(ids)}", end="\n" if done == len(ids) else "", file=sys.stderr, flush=True)
-    out = {}
-    for layer, chunks in pooled.items():
-        out[layer] = np.empty((len(ids), chunks[0].shape[1]), np.float32)
-        out[layer][order] = np.concatenate(chunks)
-    return out
 
 # ----------------------------------------------------------------------------
 # Probes
@@ -238,7 +182,7 @@ def evaluate(model, tasks, layers, batch_size=64, seed=1337, verbose=True):
         feats, n_truncated = {}, 0
         for split in ("train", "dev"):
             ids, n = tokenize(task[split][0], model.config.block_size)
-            feats[split] = features(model, ids, layers, batch_size, f"{task['name']} {split}" if verbose else None)
+            feats[split] = features(model, ids, layers, batch_size, desc=verbose and f"{task['name']} {split}")
             n_truncated += n
         t1 = time.time()
         per_layer = {layer: probe(feats["train"][layer], task["train"][1], feats["dev"][layer], task["dev"][1],
@@ -256,14 +200,9 @@ def probe_tasks(model, tasks, glue_dir=None, max_train=2000, batch_size=64, seed
     The model's train/eval mode is restored.
     """
     tasks = tasks.split(",") if isinstance(tasks, str) else tasks
-    was_training = model.training
-    model.eval()
-    try:
-        res = evaluate(model, [load_task(t, glue_dir, max_train, seed) for t in tasks],
-                       [model.config.n_layer], batch_size, seed, verbose=False)
-    finally:
-        model.train(was_training)
     last = model.config.n_layer
+    res = evaluate(model, [load_task(t, glue_dir, max_train, seed) for t in tasks], [last], batch_size, seed,
+                   verbose=False)
     return {f"{name}/{p}": r["layers"][last][p]["score"] for name, r in res.items() for p in ("linear", "knn")}
 
 # ----------------------------------------------------------------------------
@@ -294,17 +233,17 @@ def read_tsv(path, header=None):
     Quoting is off, as GLUE's files need: their quote characters are text, not field delimiters.
     """
     if not os.path.isfile(path):
-        raise ProbeError(f"{path} is missing; a task folder needs train.tsv and dev.tsv (dev_matched.tsv for MNLI)")
+        raise EvalError(f"{path} is missing; a task folder needs train.tsv and dev.tsv (dev_matched.tsv for MNLI)")
     with open(path, encoding="utf-8-sig", newline="") as f:  # utf-8-sig drops MRPC's byte-order mark
         reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
         rows = [(reader.line_num, row) for row in reader if row]
     names = header or (rows.pop(0)[1] if rows else [])
     if not rows:
-        raise ProbeError(f"{path} has no examples; fill it or leave the task out of --tasks")
+        raise EvalError(f"{path} has no examples; fill it or leave the task out of --tasks")
     for line, row in rows:
         if len(row) != len(names):
-            raise ProbeError(f"{path}:{line} has {len(row)} tab-separated fields where the header has {len(names)}; "
-                             "fix or delete that row (a field may not contain a tab)")
+            raise EvalError(f"{path}:{line}: {len(row)} tab-separated fields where the header has {len(names)}; "
+                            "fix or delete that row (a field may not contain a tab)")
     return dict(zip(names, zip(*(row for _, row in rows))))
 
 
@@ -312,7 +251,7 @@ def pick(table, columns, path):
     """(texts: [tuple of the text columns], raw labels) from a read_tsv() table; the label column is last."""
     missing = [c for c in columns if c not in table]
     if missing:
-        raise ProbeError(f"{path} has no column {missing[0]!r} (its columns: {', '.join(table)}); rename the column")
+        raise EvalError(f"{path} has no column {missing[0]!r} (its columns: {', '.join(table)}); rename the column")
     *texts, labels = (table[c] for c in columns)
     return list(zip(*texts)), list(labels)
 
@@ -329,8 +268,14 @@ def to_labels(raw, classes, path):
     bad = [x for x in raw if (x not in classes if classes else not parses(float, x))]
     if bad:
         expected = f"one of {', '.join(classes)}" if classes else "a number"
-        raise ProbeError(f"{path}: label {bad[0]!r} is not {expected}; fix the label column")
+        raise EvalError(f"{path}: label {bad[0]!r} is not {expected}; fix the label column")
     return np.array([classes.index(x) for x in raw]) if classes else np.array([float(x) for x in raw])
+
+
+def read_table(path, columns, classes, header=None):
+    """(texts, labels) of a TSV file: tuples of the text columns, and the last column parsed by to_labels()."""
+    texts, raw = pick(read_tsv(path, header), columns, path)
+    return texts, to_labels(raw, classes, path)
 
 
 def glue_split(name, glue_dir, split):
@@ -342,17 +287,16 @@ def glue_split(name, glue_dir, split):
         try:
             ds = datasets.load_dataset("nyu-mll/glue", task.hub, split=hub_split)
         except Exception as e:  # no internet, no cache, hub down: all end here
-            raise ProbeError(f"cannot load GLUE {name} from the hub (nyu-mll/glue, {task.hub}): "
-                             f"{str(e).splitlines()[0]}; offline, pass --glue_dir=PATH with PATH/<TASK>/train.tsv "
-                             "and dev.tsv") from None
+            raise EvalError(f"cannot load GLUE {name} from the hub (nyu-mll/glue, {task.hub}): "
+                            f"{str(e).splitlines()[0]}; offline, pass --glue_dir=PATH with PATH/<TASK>/train.tsv "
+                            "and dev.tsv") from None
         return list(zip(*(ds[c] for c in task.hub_texts))), np.array(ds["label"])
     folder = os.path.join(glue_dir, name)
     if not os.path.isdir(folder):
-        raise ProbeError(f"no folder {folder} for GLUE task {name}; put its train.tsv and dev.tsv there, "
-                         f"or leave {name} out of --tasks")
+        raise EvalError(f"no folder {folder} for GLUE task {name}; put its train.tsv and dev.tsv there, "
+                        f"or leave {name} out of --tasks")
     path = os.path.join(folder, "dev_matched.tsv" if (name, split) == ("MNLI", "dev") else f"{split}.tsv")
-    texts, raw = pick(read_tsv(path, COLA_HEADER if name == "CoLA" else None), task.columns, path)
-    return texts, to_labels(raw, task.classes, path)
+    return read_table(path, task.columns, task.classes, COLA_HEADER if name == "CoLA" else None)
 
 
 def folder_task(folder):
@@ -388,11 +332,11 @@ def load_task(name, glue_dir=None, max_train=0, seed=1337):
     elif os.path.isdir(name):
         classes, metrics, data = folder_task(name)
     else:
-        raise ProbeError(f"unknown task {name!r}; use GLUE names ({','.join(GLUE)}) or the path of a folder "
-                         "with train.tsv and dev.tsv")
+        raise EvalError(f"unknown task {name!r}; use GLUE names ({','.join(GLUE)}) or the path of a folder "
+                        "with train.tsv and dev.tsv")
     texts, labels = data["train"]
     if len(labels) < 2:
-        raise ProbeError(f"task {name} has {len(labels)} training example; the probes need at least 2")
+        raise EvalError(f"task {name} has {len(labels)} training example; the probes need at least 2")
     if 0 < max_train < len(labels):
         keep = np.sort(np.random.default_rng(seed).permutation(len(labels))[:max_train])
         data["train"] = [texts[i] for i in keep], labels[keep]
@@ -403,27 +347,12 @@ def load_task(name, glue_dir=None, max_train=0, seed=1337):
 # Command line
 
 
-def load_model(args):
-    """(model, description) from --ckpt: a train.py checkpoint, or 'random' for an untrained baseline."""
-    if args.ckpt == "random":
-        torch.manual_seed(args.seed)
-        config = ModelConfig(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=args.block_size)
-        model = MODELS[args.model_type](config).to(args.device).eval()
-        return model, dict(ckpt="random", model_type=args.model_type, model_args=vars(model.config), seed=args.seed)
-    try:
-        model, ckpt = load_checkpoint(args.ckpt, device=args.device)
-    except ValueError as e:
-        raise ProbeError(str(e)) from None
-    return model, dict(ckpt=args.ckpt, model_type=ckpt["model_type"], model_args=ckpt["model_args"],
-                       step=ckpt.get("step"), tokens=ckpt.get("tokens"))
-
-
 def parse_layers(spec, n_layer):
     if spec in ("last", "all"):
         return [n_layer] if spec == "last" else list(range(1, n_layer + 1))
     layers = [int(x) for x in spec.split(",") if x.isdigit()]
     if len(layers) != len(spec.split(",")) or not all(1 <= x <= n_layer for x in layers):
-        raise ProbeError(f"--layers={spec}: use last, all, or layer numbers in 1..{n_layer} (e.g. 2,{n_layer})")
+        raise EvalError(f"--layers={spec}: use last, all, or layer numbers in 1..{n_layer} (e.g. 2,{n_layer})")
     return layers
 
 
@@ -443,26 +372,18 @@ def table(results, layers, averages):
 
 
 def main(argv=None):
-    d = ModelConfig()
     p = argparse.ArgumentParser(description="Frozen linear and kNN probes of a checkpoint on GLUE (or your tasks).")
-    p.add_argument("--ckpt", default="out/ckpt.pt", help="a checkpoint of train.py, or 'random' (untrained baseline)")
+    add_model_args(p)
     p.add_argument("--tasks", default=",".join(GLUE), help="comma-separated GLUE names or folders of train/dev.tsv")
     p.add_argument("--glue_dir", default=None, help="GLUE in the official layout PATH/<TASK>/*.tsv (default: the hub)")
     p.add_argument("--layers", default="last", help="last, all, or comma-separated layer numbers (1-based)")
     p.add_argument("--max_train", type=int, default=0, help="keep a random subset of this many train examples (0: all)")
     p.add_argument("--batch_size", type=int, default=64)
-    p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default=None, help="write every score, λ, k, count and timing to this JSON file")
-    p.add_argument("--model_type", default="crossbert", choices=sorted(MODELS), help="--ckpt=random only, as below")
-    p.add_argument("--n_layer", type=int, default=d.n_layer)
-    p.add_argument("--n_head", type=int, default=d.n_head)
-    p.add_argument("--n_embd", type=int, default=d.n_embd)
-    p.add_argument("--block_size", type=int, default=d.block_size)
     args = p.parse_args(argv)
     try:
         run(args)
-    except ProbeError as e:
+    except EvalError as e:
         sys.exit(f"probe.py: error: {e}")
 
 

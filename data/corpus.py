@@ -126,6 +126,8 @@ def write_bins(docs, out_dir, source, val_every=100, max_tokens=None, threads=os
     files = {s: open(tmp[s], "wb") for s in splits}
     tokens, n_docs = dict.fromkeys(splits, 0), dict.fromkeys(splits, 0)
     t0 = last = time.time()
+    # a terminal gets one line rewritten every second; a log file a new line every 30 s, never a carriage return
+    every, start, end = (1, "\r", "") if sys.stderr.isatty() else (30, "", "\n")
     try:
         for i, ids in enumerate(tokenize(docs, threads)):
             split = "val" if i % val_every == val_every - 1 else "train"
@@ -133,15 +135,15 @@ def write_bins(docs, out_dir, source, val_every=100, max_tokens=None, threads=os
             tokens[split] += len(ids)
             n_docs[split] += 1
             total = sum(tokens.values())
-            if time.time() - last > 1:  # progress line on stderr, at most once a second
+            if time.time() - last > every:
                 last = time.time()
                 budget = f" / {max_tokens / 1e6:,.0f}M" if max_tokens else ""
-                print(f"\r{total / 1e6:,.1f}M{budget} tokens, {i + 1:,} documents, {total / (last - t0):,.0f} tokens/s",
-                      end="", file=sys.stderr, flush=True)
+                print(f"{start}{total / 1e6:,.1f}M{budget} tokens, {i + 1:,} documents, {total / (last - t0):,.0f} tokens/s",
+                      end=end, file=sys.stderr, flush=True)
             if max_tokens and total >= max_tokens:
                 break
-        if last > t0:
-            print(file=sys.stderr)
+        if last > t0 and end == "":
+            print(file=sys.stderr)  # ends the rewritten line
         if n_docs["train"] == 0:
             raise ValueError(f"no text in {source}; check --input (and --text_key for .jsonl/.parquet)")
         if n_docs["val"] == 0:

@@ -163,17 +163,17 @@ def test_sts_readers(tmp_path):
     assert embed.read_sts(semeval) == {"semeval/a": [("x", "y", 1.0), ("u", "v", 3.0)]}
 
 
-@pytest.mark.parametrize("layout, text, line", [
-    ("glue", "index\tsentence1\tsentence2\tscore\n0\ta\tb\t1\n1\ta\tb\n", 3),
-    ("glue", "index\tsentence1\tsentence2\tscore\n0\ta\tb\tfive\n", 2),
-    ("glue", "index\ts1\ts2\tlabel\n0\ta\tb\t1\n", 1),
-    ("semeval", "1\ta\tb\n2\ta b\n", 2),
-    ("semeval", "1\ta\tb\n\nn/a\ta\tb\n", 3),
+@pytest.mark.parametrize("layout, text, message", [  # the probes' GLUE reader reads both layouts
+    ("glue", "index\tsentence1\tsentence2\tscore\n0\ta\tb\t1\n1\ta\tb\n", ":3: 3 tab-separated fields.*fix"),
+    ("glue", "index\tsentence1\tsentence2\tscore\n0\ta\tb\tfive\n", ": label 'five' is not a number; fix"),
+    ("glue", "index\ts1\ts2\tlabel\n0\ta\tb\t1\n", " has no column 'sentence1'.*rename"),
+    ("semeval", "1\ta\tb\n2\ta b\n", ":2: 2 tab-separated fields.*fix"),
+    ("semeval", "1\ta\tb\n\nn/a\ta\tb\n", ": label 'n/a' is not a number; fix"),
 ])
-def test_sts_readers_reject_malformed_files(tmp_path, layout, text, line):
+def test_sts_readers_reject_malformed_files(tmp_path, layout, text, message):
     path = tmp_path / ("dev.tsv" if layout == "glue" else "sts.tsv")
     path.write_text(text)
-    with pytest.raises(ValueError, match=rf"{path.name}:{line}: .*fix"):
+    with pytest.raises(ValueError, match=f"{path.name}{message}"):
         embed.read_sts(tmp_path if layout == "glue" else path)
 
 
@@ -235,3 +235,35 @@ def test_hub_pairs_take_the_first_two_text_columns(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     assert list(embed.text_pairs("hf:org/msmarco:triplet")) == [("what is rain", "water falling")]
     assert calls == [("org/msmarco", "triplet", "train", True)]
+
+
+def test_zero_shot_sts_is_the_spearman_of_mean_pooled_cosines(tmp_path):
+    rows = [(4.5, "A cat sits on the mat.", "A cat is sitting on a mat."), (0.5, "A dog runs.", "Stocks fell sharply today."),
+            (3.0, "He ate rice.", "He ate some food."), (2.0, "Rain is falling.", "The sun is out.")]
+    (tmp_path / "sts.tsv").write_text("".join(f"{y}\t{a}\t{b}\n" for y, a, b in rows))
+    model = tiny_model().train()
+    with torch.no_grad():
+        model.eval()
+        mean = lambda s: model.encode(torch.tensor([encode(s)]))[0].mean(0)
+        cos = [torch.cosine_similarity(mean(a), mean(b), dim=0).item() for _, a, b in rows]
+        model.train()
+    ranks = lambda x: np.argsort(np.argsort(x))  # no ties here
+    expected = 100 * np.corrcoef(ranks(cos), ranks([y for y, _, _ in rows]))[0, 1]
+    assert embed.zero_shot_sts(model, tmp_path / "sts.tsv") == pytest.approx(expected, abs=1e-6)
+    assert model.training  # train.py calls it mid-run: the mode is handed back
+    (tmp_path / "more.tsv").write_text("1\ta\tb\n")
+    with pytest.raises(ValueError, match="holds 2 STS sets .*pass one of them"):
+        embed.zero_shot_sts(model, tmp_path)
+
+
+@pytest.mark.parametrize("flag, needles", [
+    ("--sts=no/such/sts", ["--sts=no/such/sts: no STS-B dev.tsv"]),
+    ("--pairs=crop:no/such/corpus", ["--pairs=crop:no/such/corpus: no corpus there", ".jsonl"]),
+])
+def test_command_line_errors_are_one_line(tmp_path, flag, needles):
+    (tmp_path / "sts.tsv").write_text("1\ta\tb\n2\tc\td\n")
+    args = ["--ckpt=random", *[f"--{k}={v}" for k, v in TINY.items()], f"--sts={tmp_path / 'sts.tsv'}", flag]
+    with pytest.raises(SystemExit) as e:
+        embed.main(args)
+    msg = str(e.value.code)
+    assert msg.startswith("embed.py: error: ") and "\n" not in msg and all(n in msg for n in needles), msg

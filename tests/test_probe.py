@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import probe
-from data.tokenizer import EOT, PAD, encode
 from model import CrossBERT, ModelConfig
 
 ROOT = probe.__file__.rsplit("/", 1)[0]
@@ -79,46 +78,6 @@ def test_spearman_with_ties():
 def test_score_averages_task_metrics_in_percent():
     s, values = probe.score(np.array([1, 1, 0, 0, 1]), np.array([1, 0, 0, 0, 1]), ("f1", "acc"))
     assert values == pytest.approx({"f1": 80.0, "acc": 80.0}) and s == pytest.approx(80.0)
-
-
-# ---------------------------------------------------------------- features
-
-class Recorder(torch.nn.Module):
-    """Stand-in encoder: a token's state is its id (in every channel); it records the inputs it sees."""
-
-    def __init__(self):
-        super().__init__()
-        self.dummy = torch.nn.Parameter(torch.zeros(1))
-        self.seen = []
-
-    def encode(self, idx, attention_mask=None, layers=None):
-        self.seen += [row[mask.bool()].tolist() for row, mask in zip(idx, attention_mask)]
-        assert (idx[~attention_mask.bool()] == PAD).all()
-        return [idx.float()[..., None].expand(-1, -1, 3) * layer for layer in layers]
-
-
-def test_pair_features_come_from_the_joint_encoding():
-    texts = [("A man is playing.", "Someone plays a flute loudly tonight."), ("Hi", "there"), ("Dogs bark at night.", "")]
-    ids, n_truncated = probe.tokenize(texts, block_size=64)
-    joint = [encode(a) + [EOT] + encode(b) for a, b in texts]
-    assert ids == joint and n_truncated == 0
-    model = Recorder()
-    feats = probe.features(model, ids, layers=[1, 2], batch_size=2)
-    assert sorted(model.seen) == sorted(joint)  # batches sorted by length, padded with PAD, masked
-    for i, x in enumerate(joint):  # back in input order, mean over real tokens only
-        np.testing.assert_allclose(feats[1][i], np.mean(x), rtol=1e-6)
-        np.testing.assert_allclose(feats[2][i], 2 * np.mean(x), rtol=1e-6)
-
-
-def test_truncation_keeps_both_sides_and_counts():
-    a, b = "word " * 50, "other " * 5
-    room = 15 - len(encode(b))  # 16 minus EOT minus b: the short side is kept whole
-    ids, n = probe.tokenize([(a, b), ("short", "pair"), (b, a)], block_size=16)
-    assert n == 2 and [len(x) for x in ids] == [16, 3, 16]
-    assert ids[0] == encode(a)[:room] + [EOT] + encode(b)  # the longer side is trimmed first
-    assert ids[2] == encode(b) + [EOT] + encode(a)[:room]
-    assert probe.tokenize([(a,), ("short",)], 16) == ([encode(a)[:16], encode("short")], 1)
-    assert probe.tokenize([("",)], 16)[0] == [[EOT]]  # an empty text still has a token to average
 
 
 # ---------------------------------------------------------------- data
