@@ -133,11 +133,6 @@ def zero_shot_sts(model, sts_path):
     return eval_sts(model, None, *sets.values())
 
 
-def zero_shot_sts(model, path):
-    """Spearman x100 of plain mean-pooled features on the STS data at path (GLUE STS-B folder or SemEval file)."""
-    return float(np.mean([eval_sts(model, None, pairs) for pairs in read_sts(path).values()]))
-
-
 def search(q, d, k, exclude, q_chunk=1024, d_chunk=16384):
     """Exact top-k corpus rows (Nq, k) by cosine similarity of unit vectors, a matmul in chunks to bound memory.
     exclude (Nq,): one corpus row per query that it must not return (a doc with the query's own id), or -1."""
