@@ -87,15 +87,26 @@ settings = {k: globals()[k] for k in settings}
 # -----------------------------------------------------------------------------
 
 ddp = "RANK" in os.environ  # set by torchrun
+rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")) if ddp else (0, 0, 1)
+master = rank == 0
+
+# the batch: total_batch_size is fixed; each process takes an equal share of a step's rows, in micro-steps of
+# at most batch_size rows, so any number of processes sees the same data (see get_batch)
+rows_per_step = total_batch_size // block_size
+if total_batch_size % block_size or rows_per_step % world_size or not rows_per_step:
+    quantum = block_size * world_size
+    lo = max(quantum, total_batch_size // quantum * quantum)
+    sys.exit(f"total_batch_size={total_batch_size} must be a multiple of block_size x processes = {block_size} x "
+             f"{world_size} = {quantum}; the nearest values that work are {lo} and {lo + quantum}")
+rows_per_process = rows_per_step // world_size
+micro_batch = max(b for b in range(1, min(batch_size, rows_per_process) + 1) if rows_per_process % b == 0)
+grad_accum = rows_per_process // micro_batch  # micro-steps per process per optimizer step
+
 if ddp:
-    rank, local_rank, world_size = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
     if device.startswith("cuda"):
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
     dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
-else:
-    rank, local_rank, world_size = 0, 0, 1
-master = rank == 0
 device_type = "cuda" if device.startswith("cuda") else "cpu"
 
 
@@ -104,16 +115,6 @@ def log(*args):
         print(*args, flush=True)
 
 
-# the batch: total_batch_size is fixed; each process takes an equal share of a step's rows, in micro-steps of
-# at most batch_size rows, so any number of processes sees the same data (see get_batch)
-rows_per_step = total_batch_size // block_size
-if total_batch_size % block_size or rows_per_step % world_size:
-    fits = [r * block_size for r in range(world_size, 4 * max(rows_per_step, world_size) + 1, world_size)]
-    sys.exit(f"total_batch_size={total_batch_size} must be a multiple of block_size x processes = {block_size} x "
-             f"{world_size}; values that work: {', '.join(map(str, fits[:6]))}, ...")
-rows_per_process = rows_per_step // world_size
-micro_batch = max(b for b in range(1, min(batch_size, rows_per_process) + 1) if rows_per_process % b == 0)
-grad_accum = rows_per_process // micro_batch  # micro-steps per process per optimizer step
 torch.manual_seed(seed)  # the same initial weights in every process (FSDP does not broadcast them, as DDP does)
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
@@ -327,7 +328,8 @@ def write_log(record):
 
 
 write_log({"step": step, "unigram_loss": round(unigram, 4), "max_iters": max_iters, "flops_per_step": flops_per_step,
-           "tokens_per_step": tokens_per_step, "positions_per_step": positions_per_step, "world_size": world_size})
+           "tokens_per_step": tokens_per_step, "positions_per_step": positions_per_step, "world_size": world_size,
+           "peak_flops_per_device": peak / world_size, "mask_ratio": n_predicted / block_size})
 
 
 # -----------------------------------------------------------------------------

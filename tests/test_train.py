@@ -92,7 +92,7 @@ def test_cli_config_errors_are_clear(dataset):
     assert "unknown setting 'batchsize'" in bad.stderr and "batch_size" in bad.stderr
     odd = subprocess.run([sys.executable, "train.py", "--total_batch_size=100", f"--dataset={dataset}"], cwd=ROOT,
                          capture_output=True, text=True)
-    assert odd.returncode != 0 and "must be a multiple of" in odd.stderr
+    assert odd.returncode != 0 and "must be a multiple of" in odd.stderr and "are 128 and 256" in odd.stderr
 
 
 def test_configure_types_and_files(tmp_path):
@@ -159,3 +159,63 @@ def test_fsdp_equals_one_process_and_resumes(tmp_path, dataset):
     train(tmp_path / "cut", dataset, "--max_iters=4", "--fsdp=True", "--init_from=resume", *args, nproc=2)
     c = load_checkpoint(tmp_path / "cut" / "ckpt.pt")[0].state_dict()
     assert all(torch.equal(b[k], c[k]) for k in b)
+
+
+def records(out_dir):
+    with open(os.path.join(out_dir, "log.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def test_any_process_count_reproduces_one_process(tmp_path, dataset):
+    # no batch settings: total_batch_size stays the default and each process derives its share of the rows
+    TINY_NO_BATCH = [a for a in TINY if not a.startswith("--batch_size")]
+    runs = {}
+    for n in (1, 2, 4):
+        cmd = [sys.executable, "train.py"] if n == 1 else [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", "train.py"]
+        out = subprocess.run(cmd + TINY_NO_BATCH + [f"--dataset={dataset}", f"--out_dir={tmp_path / str(n)}",
+                                                    "--max_iters=3", "--eval_interval=3", "--block_size=64"],
+                             cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        runs[n] = records(tmp_path / str(n))
+    for n in (2, 4):
+        assert [r["loss"] for r in runs[n] if "loss" in r] == pytest.approx(
+            [r["loss"] for r in runs[1] if "loss" in r], abs=1e-3)
+        # MFU is achieved FLOP/s over the peak of every device: all processes' FLOPs / (per-device peak x N)
+        head = runs[n][0]
+        assert head["world_size"] == n and head["tokens_per_step"] == runs[1][0]["tokens_per_step"]
+        for r in (r for r in runs[n] if "mfu" in r):
+            achieved = head["flops_per_step"] / (r["ms_per_step"] / 1000)
+            assert r["mfu"] == pytest.approx(achieved / (head["peak_flops_per_device"] * n), rel=0.01, abs=1e-4)
+            assert r["view_positions_per_s"] == pytest.approx(2 * r["input_tokens_per_s"], rel=0.01)  # CMS: 2 views
+
+
+def test_resume_refuses_other_run_settings(tmp_path, dataset):
+    train(tmp_path, dataset, "--max_iters=1", "--eval_interval=1", "--total_batch_size=64")
+    cmd = [sys.executable, "train.py", *TINY, f"--dataset={dataset}", f"--out_dir={tmp_path}", "--init_from=resume"]
+    for arg, key in [("--seed=7", "seed"), ("--total_batch_size=128", "total_batch_size"),
+                     ("--learning_rate=5e-3", "learning_rate")]:
+        out = subprocess.run(cmd + ["--total_batch_size=64", arg], cwd=ROOT, env=ENV, capture_output=True, text=True)
+        assert out.returncode != 0 and "different settings" in out.stderr and key in out.stderr
+    ok = subprocess.run(cmd + ["--total_batch_size=64", "--max_iters=2", "--batch_size=1"], cwd=ROOT, env=ENV,
+                        capture_output=True, text=True)  # a longer run, split into smaller micro-steps: allowed
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_bf16_tracks_fp32(tmp_path, dataset):
+    args = ["--max_iters=6", "--eval_interval=6", "--total_batch_size=64"]
+    train(tmp_path / "fp32", dataset, *args, "--dtype=float32")
+    train(tmp_path / "bf16", dataset, *args, "--dtype=bfloat16")
+    fp32, bf16 = losses(tmp_path / "fp32"), losses(tmp_path / "bf16")
+    assert fp32[6] < fp32[1] - 0.05 and bf16[6] < bf16[1] - 0.05
+    assert all(bf16[s] == pytest.approx(fp32[s], abs=0.03) for s in fp32)
+
+
+def test_literal_default_settings_split_or_explain():
+    # 2048 tokens of 128 = 16 rows: they split over 1, 2, 4, 8 processes; over 3 the error names what would work
+    out = subprocess.run([sys.executable, "-c", "import runpy, sys; sys.argv = ['train.py']; runpy.run_path('train.py')"],
+                         cwd=ROOT, env={**ENV, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "3",
+                                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "must be a multiple of block_size x processes" in out.stderr
+    assert "the nearest values that work are 1920 and 2304" in out.stderr
