@@ -8,23 +8,33 @@ read as a Python literal (a bare word stays a string); a bare --flag sets a bool
 against the script's defaults (a default of None takes any value), so a typo is an error, not a silently ignored option.
 """
 import ast
+import os
 import sys
 from pathlib import Path
 
 
-def configure(defaults, argv):
-    """The settings in `defaults` (a name -> value dict) with the overrides of argv applied."""
-    config = dict(defaults)
+def fail(message):
+    """Bad input ends in one line, `<script>: error: <what and how to fix>`, and exit status 2: no traceback."""
+    print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def configure(defaults, argv, types=None):
+    """The settings in `defaults` (a name -> value dict) with the overrides of argv applied.
+
+    types gives the type of settings whose default is None (None stays allowed for them).
+    """
+    config, types = dict(defaults), types or {}
 
     def set_key(key, value, source):
         if key not in config:
-            sys.exit(f"{source}: unknown setting {key!r}. Valid settings: {', '.join(sorted(config))}")
-        old = config[key]
-        if isinstance(old, float) and type(value) is int:
+            fail(f"{source}: unknown setting {key!r}. Valid settings: {', '.join(sorted(config))}")
+        want = type(config[key]) if config[key] is not None else types.get(key)
+        if want is float and type(value) is int:
             value = float(value)
-        if old is not None and type(value) is not type(old):
-            sys.exit(f"{source}: {key} must be a {type(old).__name__} like its default {old!r}, "
-                     f"got {value!r} ({type(value).__name__})")
+        if want is not None and type(value) is not want and not (value is None and key in types):
+            fail(f"{source}: {key} must be a {want.__name__}" + (f" like its default {config[key]!r}" if
+                 config[key] is not None else "") + f", got {value!r} ({type(value).__name__})")
         config[key] = value
 
     for arg in argv:
@@ -33,7 +43,7 @@ def configure(defaults, argv):
             if not eq and isinstance(config.get(key), bool):
                 eq, text = "=", "True"  # a bare --flag turns a boolean setting on
             if not eq:
-                sys.exit(f"{arg}: expected --key=value, e.g. --{key}=...")
+                fail(f"{arg}: expected --key=value, e.g. --{key}=...")
             try:
                 value = ast.literal_eval(text)
             except (ValueError, SyntaxError):
@@ -42,7 +52,7 @@ def configure(defaults, argv):
         else:
             path = Path(arg)
             if not path.is_file():
-                sys.exit(f"{arg}: no such config file; pass a file from config/ or --key=value settings")
+                fail(f"{arg}: no such config file; pass a file from config/ or --key=value settings")
             scope = {}
             exec(path.read_text(), {}, scope)
             for key, value in scope.items():

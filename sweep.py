@@ -38,7 +38,7 @@ from model import MODELS, ModelConfig, load_checkpoint, resolve
 # -----------------------------------------------------------------------------
 # Presets. Power laws: lr = lr0 * (F / F0) ** LR_EXP and batch = batch0 * (F / F0) ** BATCH_EXP tokens, with
 # DeepSeek LLM's fitted exponents (the paper fits such laws on its 50M-700M models and does not print them;
-# our choice), anchored at (F0, lr0, batch0), the CPU recipe measured in the README.
+# our choice), anchored at (F0, lr0, batch0): the CPU recipe measured in the README, or the GPU base configs.
 LR_EXP, BATCH_EXP = -0.125, 0.327
 PRESETS = {
     "cpu": dict(
@@ -48,8 +48,9 @@ PRESETS = {
         tokens_per_param=20,
         anchor=(1.6e13, 2e-3, 2048),           # (F0, lr0, batch0 tokens)
         ablation_size=1,                       # index into sizes
-        flops_per_s=1.0e11,                    # achieved training FLOP/s on 2 CPU cores (bf16), for the time estimate
-        overhead_s=60,                         # per run: compilation, validation, probing
+        flops_per_s=1.4e11,                    # achieved training FLOP/s on 2 CPU cores (bf16), for the time estimate,
+        step_s=0.04,                           # + a fixed cost per step (small models are overhead-bound on CPUs)
+        overhead_s=60,                         # + per run: compilation, validation, probing
         probe_max_train=2000, eval_interval=100, nproc=1,
     ),
     "gpu": dict(
@@ -57,9 +58,10 @@ PRESETS = {
         sizes=[(8, 512, 8), (12, 768, 12), (16, 1024, 16), (24, 1280, 20), (24, 1600, 25)],   # ~50M to ~800M
         flops=[0, 0, 0, 0, 0],
         tokens_per_param=20,
-        anchor=(1.6e13, 2e-3, 2048),
+        anchor=(2e18, 1e-3, 262144),           # config/base_*_dclm.py: BERT-base size, 2.6B tokens
         ablation_size=1,
         flops_per_s=8 * 989e12 * 0.35,         # 8 H100/H200 at 35% MFU
+        step_s=0.0,
         overhead_s=300,
         probe_max_train=20000, eval_interval=1000, nproc=8,
     ),
@@ -287,13 +289,13 @@ def main(argv):
     for name, axis, rs in runs:
         steps, per_step = steps_for(rs)
         cfg = model_config(rs)
-        est = steps * per_step / p["flops_per_s"] + p["overhead_s"]
+        est = steps * (per_step / p["flops_per_s"] + p["step_s"]) + p["overhead_s"]
         total_flops, total_s = total_flops + steps * per_step, total_s + est
         print(f"  {name:26s} {axis:9s} {param_counts(cfg, rs['model_type'])[0] / 1e6:7.2f}M params  "
               f"budget {rs['max_flops'] or steps * per_step:.2e} FLOPs = {steps:6d} steps x "
               f"{rs['total_batch_size']:7d} tokens  lr {rs['learning_rate']:.2e}  ~{est / 60:.1f} min")
     print(f"total {total_flops:.2e} training FLOPs, about {total_s / 60:.0f} minutes on this preset's hardware "
-          f"({p['flops_per_s']:.1e} FLOP/s achieved + {p['overhead_s']} s per run)")
+          f"({p['flops_per_s']:.1e} FLOP/s achieved, {p['step_s']} s per step and {p['overhead_s']} s per run on top)")
     if s["dry_run"]:
         return
 

@@ -27,7 +27,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_model_state_dict, set_optimizer_state_dict)
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from configurator import configure
+from configurator import configure, fail
 from data.loader import TokenWindows, unigram_loss
 from data.tokenizer import VOCAB_SIZE, compact_vocab
 from flops import fastest_dtype, peak_flops, training_flops
@@ -67,6 +67,7 @@ grad_clip = 1.0               # 0 = off
 # evaluation, logging, checkpoints
 out_dir = "out"
 init_from = "scratch"         # scratch | resume (from out_dir/ckpt.pt)
+overwrite = False             # a scratch run may replace the checkpoint already in out_dir (never by default)
 eval_interval = 250
 eval_iters = 10               # validation batches
 log_interval = 50
@@ -82,8 +83,38 @@ fsdp = False                  # with torchrun: shard the model over the processe
 seed = 1337
 settings = {k: v for k, v in globals().items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
-globals().update(configure(settings, sys.argv[1:]))
+globals().update(configure(settings, sys.argv[1:], types={"pred_layer": int, "mask_ratio": float, "cms": bool}))
 settings = {k: globals()[k] for k in settings}
+
+# one pass over the settings, before anything is built or written: each failure names the setting and the fix
+for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "total_batch_size", "max_iters",
+             "eval_interval", "eval_iters", "log_interval"):
+    if globals()[name] < 1:
+        fail(f"{name}={globals()[name]}: must be at least 1")
+for name in ("warmup_iters", "max_flops", "grad_clip", "weight_decay", "min_lr", "probe_interval", "dropout"):
+    if globals()[name] < 0:
+        fail(f"{name}={globals()[name]}: must be >= 0" + (" (0 turns clipping off)" if name == "grad_clip" else ""))
+if model_type not in MODELS:
+    fail(f"model_type={model_type!r}: expected one of {', '.join(sorted(MODELS))}")
+if n_embd % n_head or (n_embd // n_head) % 2:
+    fail(f"n_embd={n_embd} must split into n_head={n_head} heads of an even size (rotary embeddings rotate pairs); "
+         f"e.g. n_head={next(h for h in range(n_head, 0, -1) if n_embd % h == 0 and (n_embd // h) % 2 == 0)}")
+if pred_layer is not None and pred_layer < 1:
+    fail(f"pred_layer={pred_layer}: CrossBERT needs a predictor of at least 1 block (or None for n_layer // 4)")
+if mask_ratio is not None and not 0 < mask_ratio < 1:
+    fail(f"mask_ratio={mask_ratio}: must be strictly between 0 and 1")
+if not (learning_rate > 0 and 0 <= beta1 < 1 and 0 <= beta2 < 1 and dropout < 1):
+    fail("learning_rate must be > 0, and beta1, beta2 and dropout in [0, 1)")
+if vocab_size and not 4 <= vocab_size <= VOCAB_SIZE:
+    fail(f"vocab_size={vocab_size}: a compact vocabulary has 4 to {VOCAB_SIZE} ids (0 = GPT-2's full vocabulary)")
+if dtype not in ("float32", "bfloat16"):
+    fail(f"dtype={dtype!r}: expected float32 or bfloat16")
+if device.startswith("cuda") and not torch.cuda.is_available():
+    fail(f"device={device!r}, but this machine has no CUDA device (or torch is a CPU build); use --device=cpu")
+if not device.startswith(("cpu", "cuda")):
+    fail(f"device={device!r}: expected cpu or cuda[:N]")
+if init_from not in ("scratch", "resume"):
+    fail(f"init_from={init_from!r}: expected scratch or resume")
 # -----------------------------------------------------------------------------
 
 ddp = "RANK" in os.environ  # set by torchrun
@@ -96,7 +127,7 @@ rows_per_step = total_batch_size // block_size
 if total_batch_size % block_size or rows_per_step % world_size or not rows_per_step:
     quantum = block_size * world_size
     lo = max(quantum, total_batch_size // quantum * quantum)
-    sys.exit(f"total_batch_size={total_batch_size} must be a multiple of block_size x processes = {block_size} x "
+    fail(f"total_batch_size={total_batch_size} must be a multiple of block_size x processes = {block_size} x "
              f"{world_size} = {quantum}; the nearest values that work are {lo} and {lo + quantum}")
 rows_per_process = rows_per_step // world_size
 micro_batch = max(b for b in range(1, min(batch_size, rows_per_process) + 1) if rows_per_process % b == 0)
@@ -132,7 +163,7 @@ if dataset == "tinybooks" and not os.path.exists(os.path.join(data_dir, "val.bin
 try:
     windows = {split: TokenWindows(os.path.join(data_dir, f"{split}.bin"), block_size) for split in ("train", "val")}
 except (FileNotFoundError, ValueError) as e:
-    sys.exit(f"{e}\n(run data/{dataset}/prepare.py first)")
+    fail(f"{e} (prepare it with data/<corpus>/prepare.py --out_dir={data_dir})")
 counts = {split: w.counts() for split, w in windows.items()}
 vocab_map = compact_vocab(counts["train"], vocab_size) if vocab_size else None
 if vocab_map is not None:  # token counts in the model's own ids, for the unigram baseline
@@ -145,14 +176,12 @@ model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=bloc
                   init_std=init_std, random_replace=random_replace, pred_layer=pred_layer, mask_ratio=mask_ratio, cms=cms)
 if vocab_size:
     model_args.update(vocab_size=vocab_size, mask_token_id=vocab_size - 2)
-if model_type not in MODELS:
-    sys.exit(f"model_type={model_type!r}: expected one of {sorted(MODELS)}")
 try:
     model = MODELS[model_type](ModelConfig(**model_args))
     config = model.config  # with the model's defaults filled in
     n_views, _, n_predicted = view_shape(block_size, config.mask_ratio, config.cms)
 except ValueError as e:  # e.g. a mask ratio or block size that the views cannot be cut from
-    sys.exit(str(e))
+    fail(str(e))
 
 
 if vocab_map is not None:
@@ -195,7 +224,7 @@ step, tokens_seen, flops_seen, best_val_loss = 0, 0, 0.0, float("inf")
 model.to(device)
 if fsdp:  # FSDP2: each block's parameters, gradients and optimizer state are sharded over the processes
     if not ddp:
-        sys.exit("fsdp=True shards over processes: launch with torchrun --nproc_per_node=N (N > 1), or drop fsdp")
+        fail("fsdp=True shards over processes: launch with torchrun --nproc_per_node=N (N > 1), or drop fsdp")
     from torch.distributed.fsdp import fully_shard
     for block in [*model.blocks, *getattr(model, "predictor", [])]:
         fully_shard(block)
@@ -207,30 +236,39 @@ FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 # settings a resumed run may change; any other difference would break "resume continues exactly"
 RESUMABLE = {"init_from", "out_dir", "max_iters", "max_flops", "eval_interval", "eval_iters", "log_interval",
              "probe_interval", "probe_tasks", "probe_glue_dir", "probe_max_train", "compile", "device", "batch_size",
-             "fsdp"}
+             "fsdp", "overwrite"}
 if init_from == "resume":
     if not os.path.exists(ckpt_path):
-        sys.exit(f"init_from=resume: no checkpoint at {ckpt_path}; check out_dir or start with init_from=scratch")
-    ckpt = torch.load(ckpt_path, map_location=device, weights_only=True)
+        fail(f"init_from=resume: no checkpoint at {ckpt_path}; check out_dir or start with init_from=scratch")
+    try:
+        ckpt = torch.load(ckpt_path, map_location=device, weights_only=True)
+        assert isinstance(ckpt, dict) and {"model", "optimizer", "model_type", "config"} <= ckpt.keys()
+    except Exception as e:  # empty, truncated or foreign: say so, not EOFError
+        fail(f"{ckpt_path} is empty, truncated or not a train.py checkpoint ({type(e).__name__}); "
+             f"restore it, or start over with --init_from=scratch --overwrite=True")
+    bad = [k for k, v in ckpt["model"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        fail(f"{ckpt_path} holds non-finite weights ({', '.join(bad[:3])}); it is corrupted: restore it or start over")
     if ckpt["model_type"] != model_type:
-        sys.exit(f"{ckpt_path} holds a {ckpt['model_type']} model but model_type={model_type}; "
+        fail(f"{ckpt_path} holds a {ckpt['model_type']} model but model_type={model_type}; "
                  f"pass --model_type={ckpt['model_type']} or use another out_dir")
     now = asdict(config)
     diff = {k: (v, now.get(k)) for k, v in ckpt["model_args"].items() if now.get(k) != v}
     if diff:
-        sys.exit(f"{ckpt_path} was trained with a different model config (checkpoint vs now): {diff}; "
+        fail(f"{ckpt_path} was trained with a different model config (checkpoint vs now): {diff}; "
                  f"pass the checkpoint's settings or use another out_dir")
     diff = {k: (v, settings.get(k)) for k, v in ckpt["config"].items() if k not in RESUMABLE and settings.get(k) != v}
     if diff:
-        sys.exit(f"{ckpt_path} was trained with different settings (checkpoint vs now): {diff}; a resumed run "
+        fail(f"{ckpt_path} was trained with different settings (checkpoint vs now): {diff}; a resumed run "
                  f"continues exactly only with the same ones: pass them, or use another out_dir")
     set_model_state_dict(model, ckpt["model"], options=FULL)
     set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=FULL)
     step, tokens_seen, flops_seen, best_val_loss = ckpt["step"], ckpt["tokens"], ckpt["flops"], ckpt["best_val_loss"]
     set_rng_state(ckpt["rng"][rank % len(ckpt["rng"])])
     log(f"resumed from {ckpt_path} at step {step}")
-elif init_from != "scratch":
-    sys.exit(f"init_from={init_from!r}: expected scratch or resume")
+elif os.path.exists(ckpt_path) and not overwrite:
+    fail(f"{out_dir} already holds a checkpoint ({ckpt_path}); resume it with --init_from=resume, pick another "
+         "--out_dir, or pass --overwrite=True to replace it")
 raw_model = model  # checkpoints hold its state_dict: no "_orig_mod." or "module." prefixes
 if compile:
     model = torch.compile(model)
@@ -316,9 +354,19 @@ def run_probe():
     return probe(target, probe_tasks, probe_glue_dir or None, probe_max_train) if master else None
 
 
+log_path = os.path.join(out_dir, "log.jsonl")
 if master:
     os.makedirs(out_dir, exist_ok=True)
-log_file = open(os.path.join(out_dir, "log.jsonl"), "a") if master else None
+    kept = []
+    if init_from == "resume" and os.path.exists(log_path):  # drop what the resumed run will write again
+        with open(log_path) as f:
+            records = [json.loads(line) for line in f]
+        # the step's training record stays; its validation record will be written again
+        kept = [r for r in records if r["step"] < step or (r["step"] == step and "loss" in r)]
+    with open(log_path + ".tmp", "w") as f:  # a scratch run starts a new log: records never mix across runs
+        f.writelines(json.dumps(r) + "\n" for r in kept)
+    os.replace(log_path + ".tmp", log_path)
+log_file = open(log_path, "a") if master else None
 
 
 def write_log(record):
@@ -331,6 +379,19 @@ write_log({"step": step, "unigram_loss": round(unigram, 4), "max_iters": max_ite
            "tokens_per_step": tokens_per_step, "positions_per_step": positions_per_step, "world_size": world_size,
            "peak_flops_per_device": peak / world_size, "mask_ratio": n_predicted / block_size})
 
+
+def on_interrupt(kind, value, tb):
+    """Ctrl-C: one line that names the checkpoint to resume from, and no half-written temp file left behind."""
+    if not issubclass(kind, KeyboardInterrupt):
+        return sys.__excepthook__(kind, value, tb)
+    if os.path.exists(ckpt_path + ".tmp"):
+        os.remove(ckpt_path + ".tmp")
+    where = (f"the last checkpoint is {ckpt_path}; continue with --init_from=resume --out_dir={out_dir}"
+             if os.path.exists(ckpt_path) else "no checkpoint was written yet")
+    print(f"train.py: interrupted at step {step}; {where}", file=sys.stderr)
+
+
+sys.excepthook = on_interrupt
 
 # -----------------------------------------------------------------------------
 # training loop

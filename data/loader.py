@@ -2,6 +2,7 @@
 Random windows of block_size tokens from a uint16 token file (train.bin / val.bin), nanoGPT style.
 The file stays memory-mapped: a batch reads only its own windows, and the OS page cache does the rest.
 """
+import json
 import os
 
 import numpy as np
@@ -21,6 +22,15 @@ class TokenWindows:
         if size % 2:
             raise ValueError(f"{path} has {size} bytes, not a multiple of 2, so it is not a uint16 token file "
                              f"(or it was cut short); {FIX}")
+        meta_path = os.path.join(os.path.dirname(path), "meta.json")
+        if os.path.isfile(meta_path):  # the data carries its description: refuse files this model cannot read
+            with open(meta_path) as f:
+                meta = json.load(f)
+            found = (meta.get("dtype"), str(meta.get("tokenizer", "")).split()[0], meta.get("vocab_size"))
+            if found != ("uint16", "gpt2", VOCAB_SIZE):
+                raise ValueError(f"{meta_path} describes {found[0]} ids of the {found[1]!r} tokenizer with vocab_size "
+                                 f"{found[2]}, but training reads uint16 ids of the gpt2 tokenizer with vocab_size "
+                                 f"{VOCAB_SIZE}; {FIX}")
         self.tokens = np.memmap(path, dtype=np.uint16, mode="r") if size else np.zeros(0, np.uint16)
         if len(self.tokens) < block_size + 1:
             raise ValueError(f"{path} has {len(self.tokens):,} tokens, fewer than block_size + 1 = {block_size + 1}; "

@@ -95,16 +95,19 @@ def test_cli_config_errors_are_clear(dataset):
     assert odd.returncode != 0 and "must be a multiple of" in odd.stderr and "are 128 and 256" in odd.stderr
 
 
-def test_configure_types_and_files(tmp_path):
+def test_configure_types_and_files(tmp_path, capsys):
     defaults = {"lr": 1e-3, "steps": 10, "name": "x", "flag": True, "ratio": None}
     cfg_file = tmp_path / "c.py"
     cfg_file.write_text("steps = 20\nname = 'y'\n")
     cfg = configure(defaults, [str(cfg_file), "--lr=1", "--flag=False", "--ratio=0.3", "--name=z"])
     assert cfg == {"lr": 1.0, "steps": 20, "name": "z", "flag": False, "ratio": 0.3}
+    assert configure(defaults, ["--flag"])["flag"] is True  # a bare --flag turns a boolean on
     for argv, message in [(["--steps=1.5"], "steps must be a int"), (["--flag=1"], "flag must be a bool"),
-                          (["--steps"], "expected --key=value"), (["nope.py"], "no such config file")]:
-        with pytest.raises(SystemExit, match=message):
-            configure(defaults, argv)
+                          (["--steps"], "expected --key=value"), (["nope.py"], "no such config file"),
+                          (["--ratio=half"], "ratio must be a float")]:
+        with pytest.raises(SystemExit) as e:
+            configure(defaults, argv, types={"ratio": float})
+        assert e.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_non_finite_loss_stops_without_saving(tmp_path, dataset):

@@ -1,0 +1,110 @@
+"""Bad input to train.py ends in one line, `train.py: error: ...`, exit status 2, and writes nothing."""
+import json
+import os
+import runpy
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--compile=False", "--eval_iters=1"]
+
+# (arguments, a fragment of the expected message); every row must exit 2 with one line on stderr
+CASES = [
+    (["--max_iters=-5"], "max_iters=-5: must be at least 1"),
+    (["--max_iters=0"], "max_iters=0: must be at least 1"),
+    (["--grad_clip=-1"], "grad_clip=-1.0: must be >= 0"),
+    (["--cms=no"], "cms must be a bool"),
+    (["--pred_layer=0"], "pred_layer=0: CrossBERT needs a predictor"),
+    (["--mask_ratio=half"], "mask_ratio must be a float"),
+    (["--mask_ratio=1.5"], "mask_ratio=1.5: must be strictly between 0 and 1"),
+    (["--n_head=3", "--n_embd=64"], "n_embd=64 must split into n_head=3 heads"),
+    (["--eval_interval=0"], "eval_interval=0: must be at least 1"),
+    (["--log_interval=0"], "log_interval=0: must be at least 1"),
+    (["--batch_size=0"], "batch_size=0: must be at least 1"),
+    (["--n_head=0"], "n_head=0: must be at least 1"),
+    (["--n_layer=0"], "n_layer=0: must be at least 1"),
+    (["--eval_iters=0"], "eval_iters=0: must be at least 1"),
+    (["--dtype=float61"], "dtype='float61': expected float32 or bfloat16"),
+    (["--device=tpu"], "device='tpu': expected cpu or cuda"),
+    (["--model_type=gpt"], "model_type='gpt': expected one of bert, crossbert"),
+    (["--vocab_size=2"], "vocab_size=2: a compact vocabulary has 4 to"),
+    (["--init_from=maybe"], "init_from='maybe': expected scratch or resume"),
+    (["--total_batch_size=100"], "the nearest values that work are 96 and 128"),
+    (["--mask_ratio=0.6"], "mask_ratio=0.6 is not one of them"),
+    (["--fsdp=True"], "fsdp=True shards over processes"),
+    (["--init_from=resume"], "init_from=resume: no checkpoint"),
+    (["--batchsize=4"], "unknown setting 'batchsize'"),
+    (["--dataset=no/such/data"], "does not exist"),
+]
+if not __import__("torch").cuda.is_available():
+    CASES.append((["--device=cuda"], "this machine has no CUDA device"))
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tokens")
+    rng = np.random.default_rng(0)
+    for split, n in [("train", 5_000), ("val", 1_000)]:
+        rng.integers(0, 100, n, dtype=np.uint16).tofile(d / f"{split}.bin")
+    return d
+
+
+def run(args, dataset, out_dir):
+    cmd = [sys.executable, "train.py", *TINY, f"--dataset={dataset}", f"--out_dir={out_dir}", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args,message", CASES, ids=[" ".join(a) for a, _ in CASES])
+def test_bad_setting_is_one_line(args, message, dataset, tmp_path, monkeypatch, capsys):
+    # in this process (importing torch once is most of a subprocess's time); exactly what `python train.py` runs
+    monkeypatch.setattr(sys, "argv", ["train.py", *TINY, f"--dataset={dataset}", f"--out_dir={tmp_path / 'out'}", *args])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(os.path.join(ROOT, "train.py"), run_name="__main__")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("train.py: error: ") and err.count("\n") == 1, err
+    assert message in err
+    assert not (tmp_path / "out").exists()  # checked before anything is written
+
+
+def test_checkpoint_is_never_replaced_silently(dataset, tmp_path):
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    (out_dir / "ckpt.pt").write_bytes(b"precious")
+    out = run([], dataset, out_dir)
+    assert out.returncode == 2 and "already holds a checkpoint" in out.stderr and "--overwrite=True" in out.stderr
+    assert (out_dir / "ckpt.pt").read_bytes() == b"precious"
+    for content, fragment in [(b"", "empty, truncated or not a train.py checkpoint"),
+                              (b"not a zip", "empty, truncated or not a train.py checkpoint")]:
+        (out_dir / "ckpt.pt").write_bytes(content)
+        out = run(["--init_from=resume"], dataset, out_dir)
+        assert out.returncode == 2 and fragment in out.stderr and out.stderr.count("\n") == 1
+
+
+def test_data_description_must_match(tmp_path):
+    d = tmp_path / "data"
+    d.mkdir()
+    for split in ("train", "val"):
+        np.zeros(1000, np.uint16).tofile(d / f"{split}.bin")
+    (d / "meta.json").write_text(json.dumps({"dtype": "uint32", "tokenizer": "gpt2", "vocab_size": 50304}))
+    out = run([], d, tmp_path / "out")
+    assert out.returncode == 2 and "describes uint32 ids" in out.stderr
+
+
+def test_resumed_log_has_no_duplicates_and_scratch_log_is_new(dataset, tmp_path):
+    args = ["--total_batch_size=64", "--eval_interval=2", "--log_interval=1"]
+    assert run(args + ["--max_iters=4"], dataset, tmp_path).returncode == 0
+    ckpt = __import__("torch").load(tmp_path / "ckpt.pt", weights_only=True)
+    ckpt["step"] = 2  # as if the run had stopped right after its step-2 checkpoint
+    __import__("torch").save(ckpt, tmp_path / "ckpt.pt")
+    assert run(args + ["--max_iters=4", "--init_from=resume"], dataset, tmp_path).returncode == 0
+    records = [json.loads(x) for x in open(tmp_path / "log.jsonl")]
+    train_steps = [r["step"] for r in records if "loss" in r]
+    val_steps = [r["step"] for r in records if "val_loss" in r]
+    assert train_steps == [1, 2, 3, 4] and val_steps == [0, 2, 4]
+    assert run(args + ["--max_iters=1", "--overwrite=True"], dataset, tmp_path).returncode == 0
+    records = [json.loads(x) for x in open(tmp_path / "log.jsonl")]
+    assert [r["step"] for r in records if "loss" in r] == [1]
