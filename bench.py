@@ -18,7 +18,7 @@ from contextlib import nullcontext
 
 import torch
 
-from configurator import configure
+from configurator import configure, fail
 from flops import fastest_dtype, flops_per_position, peak_flops, training_flops
 from masking import make_views, view_shape
 from model import MODELS, ModelConfig
@@ -86,7 +86,7 @@ def main():
     s = configure(settings, sys.argv[1:])
     device = torch.device(s["device"])
     if s["flash_check"] and device.type != "cuda":
-        sys.exit("bench: --flash_check needs a CUDA device: FlashAttention is a GPU kernel")
+        fail("--flash_check needs a CUDA device: FlashAttention is a GPU kernel")
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[s["dtype"]]
     autocast = nullcontext() if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
     peak = peak_flops(device, dtype)

@@ -31,7 +31,7 @@ from dataclasses import replace
 
 import torch
 
-from configurator import configure
+from configurator import configure, fail
 from flops import param_counts, training_flops
 from model import MODELS, ModelConfig, load_checkpoint, resolve
 
@@ -277,7 +277,7 @@ def plots(results, out_dir):
 def main(argv):
     s = configure(settings, argv)
     if s["preset"] not in PRESETS:
-        sys.exit(f"sweep: --preset={s['preset']!r}: expected one of {', '.join(PRESETS)}")
+        fail(f"--preset={s['preset']!r}: expected one of {', '.join(PRESETS)}")
     p = dict(PRESETS[s["preset"]])
     p["nproc"] = s["nproc"] or p["nproc"]
     out_dir = s["out_dir"] or f"sweep-{s['preset']}"
@@ -307,10 +307,10 @@ def main(argv):
             results = [json.loads(line) for line in f]
     finished = {r["name"] for r in results}
     if s["glue_dir"] and not os.path.isdir(s["glue_dir"]):
-        sys.exit(f"sweep: --glue_dir={s['glue_dir']} is not a folder; pass a GLUE folder (TASK/train.tsv, dev.tsv), "
+        fail(f"--glue_dir={s['glue_dir']} is not a folder; pass a GLUE folder (TASK/train.tsv, dev.tsv), "
                  "or --glue_dir= (empty) to load GLUE from the hub, or --tasks= with your own task folders")
     if s["sts"] and not os.path.exists(s["sts"]):
-        sys.exit(f"sweep: --sts={s['sts']} does not exist; pass STS-B's folder, or --sts= (empty) to skip zero-shot STS")
+        fail(f"--sts={s['sts']} does not exist; pass STS-B's folder, or --sts= (empty) to skip zero-shot STS")
     tasks, sts = s["tasks"], s["sts"]
 
     def record(r):

@@ -120,6 +120,7 @@ def write_bins(docs, out_dir, source, val_every=100, max_tokens=None, threads=os
     Stops at the first document boundary past max_tokens. Files appear only once complete (temp file, then rename)."""
     if val_every < 2:
         raise ValueError(f"--val_every={val_every} would leave no training documents; pass 2 or more")
+    created = not os.path.isdir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     splits = ("train", "val")
     tmp = {s: os.path.join(out_dir, f"{s}.bin.tmp") for s in splits}
@@ -153,6 +154,8 @@ def write_bins(docs, out_dir, source, val_every=100, max_tokens=None, threads=os
         for s in splits:
             files[s].close()
             os.remove(tmp[s])
+        if created and not os.listdir(out_dir):  # a failed run leaves nothing behind, not even an empty folder
+            os.rmdir(out_dir)
         raise
     for s in splits:
         files[s].close()
@@ -187,8 +190,11 @@ def main(doc, **defaults):
     a = p.parse_args()
     if not (a.input or a.dataset):
         p.error(f"pass --input= {FORMATS}")
-    if a.input:
-        docs, source = read_files(a.input, a.text_key), a.input
-    else:
-        docs, source = read_hub(a.dataset, a.name, a.text_key), a.dataset + (f" ({a.name})" if a.name else "")
-    write_bins(docs, a.out_dir, source, a.val_every, a.max_tokens, a.threads)
+    try:
+        if a.input:
+            docs, source = read_files(a.input, a.text_key), a.input
+        else:
+            docs, source = read_hub(a.dataset, a.name, a.text_key), a.dataset + (f" ({a.name})" if a.name else "")
+        write_bins(docs, a.out_dir, source, a.val_every, a.max_tokens, a.threads)
+    except (ValueError, OSError) as e:  # bad input: one line that names the file and the fix, no traceback
+        p.exit(2, f"{p.prog}: error: {e}\n")

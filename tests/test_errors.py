@@ -108,3 +108,18 @@ def test_resumed_log_has_no_duplicates_and_scratch_log_is_new(dataset, tmp_path)
     assert run(args + ["--max_iters=1", "--overwrite=True"], dataset, tmp_path).returncode == 0
     records = [json.loads(x) for x in open(tmp_path / "log.jsonl")]
     assert [r["step"] for r in records if "loss" in r] == [1]
+
+
+@pytest.mark.parametrize("script,args,message", [
+    ("data/local/prepare.py", ["--input=no/such/files"], "no input files at"),
+    ("bench.py", ["--flash_check", "--device=cpu"], "--flash_check needs a CUDA device"),
+    ("bench.py", ["--n_layr=2"], "unknown setting 'n_layr'"),
+    ("flops.py", ["--n_embd=big"], "n_embd must be a int"),
+    ("sweep.py", ["--preset=tpu"], "--preset='tpu': expected one of cpu, gpu"),
+])
+def test_other_scripts_end_bad_input_in_one_line(script, args, message, tmp_path):
+    out = subprocess.run([sys.executable, script, *args, *([f"--out_dir={tmp_path / 'out'}"] if "prepare" in script
+                                                          else [])], cwd=ROOT, env=ENV, capture_output=True, text=True)
+    name = os.path.basename(script)
+    assert out.returncode == 2 and out.stderr.startswith(f"{name}: error: ") and message in out.stderr, out.stderr
+    assert out.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
