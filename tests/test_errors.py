@@ -123,3 +123,20 @@ def test_other_scripts_end_bad_input_in_one_line(script, args, message, tmp_path
     name = os.path.basename(script)
     assert out.returncode == 2 and out.stderr.startswith(f"{name}: error: ") and message in out.stderr, out.stderr
     assert out.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_names_the_checkpoint(dataset, tmp_path):
+    import signal
+    import time
+    cmd = [sys.executable, "-u", "train.py", *TINY, f"--dataset={dataset}", f"--out_dir={tmp_path}",
+           "--total_batch_size=64", "--eval_interval=1", "--max_iters=100000"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # wait until a checkpoint exists
+        if line.startswith("saved checkpoint"):
+            break
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode != 0 and "Traceback" not in err
+    assert f"train.py: interrupted at step" in err and f"--init_from=resume --out_dir={tmp_path}" in err
+    assert (tmp_path / "ckpt.pt").exists() and not (tmp_path / "ckpt.pt.tmp").exists()

@@ -73,6 +73,11 @@ def test_sweep_runs_probes_and_resumes(tmp_path, monkeypatch):
     assert bert["flops"] <= 2e9 and cross["flops"] <= 2e9 and abs(bert["flops"] - cross["flops"]) / 2e9 < 0.25
     assert bert["steps"] > 0 and bert["unigram_loss"] > 0 and 0 <= bert["scores"]["linear_avg"] <= 100
     assert (out / "results.md").read_text().count("\n") == 2 + len(results)
+    try:
+        import matplotlib  # noqa: F401  (optional: the plots need it)
+        assert (out / "probe_vs_flops.png").stat().st_size > 10_000 and (out / "val_loss_vs_flops.png").exists()
+    except ImportError:
+        pass
 
     def no_training(*args):
         raise AssertionError("a finished run was trained again")
