@@ -151,8 +151,7 @@ torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
 autocast = nullcontext() if dtype == "float32" else torch.autocast(device_type, dtype=getattr(torch, dtype))
 
-# data: every micro-batch, its windows and its masks are a function of (seed, split, global micro-batch index),
-# so any number of processes x accumulation steps sees the same data, and a resumed run continues exactly
+# data: memory-mapped token files, prepared on first use for the built-in corpus
 data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset)
 if dataset == "tinybooks" and not os.path.exists(os.path.join(data_dir, "val.bin")):
     if master:
@@ -182,8 +181,6 @@ try:
     n_views, _, n_predicted = view_shape(block_size, config.mask_ratio, config.cms)
 except ValueError as e:  # e.g. a mask ratio or block size that the views cannot be cut from
     fail(str(e))
-
-
 if vocab_map is not None:
     model.vocab_map.copy_(torch.from_numpy(vocab_map))
 torch.manual_seed(seed + rank)  # dropout differs by process; the data does not depend on this (see get_batch)

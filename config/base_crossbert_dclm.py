@@ -7,6 +7,7 @@ n_layer = 12
 n_head = 12
 n_embd = 768
 block_size = 512
+vocab_size = 0                  # GPT-2's full vocabulary (the compact one is for head-bound CPU runs)
 dataset = "dclm"
 batch_size = 64                 # rows per GPU per micro-step
 total_batch_size = 512 * 512    # 262k tokens per step

@@ -1,4 +1,5 @@
-# The default run, spelled out: a tiny CrossBERT on the built-in corpus, a few minutes on 2 CPU cores.
+# The default run, spelled out: a tiny CrossBERT on the built-in corpus, under 10 minutes on 2 CPU cores
+# (bf16, compact vocabulary of 8,192 ids, 1,500 steps of 2,048 tokens: see the CPU recipe in README.md).
 model_type = "crossbert"
 n_layer = 4
 n_head = 4
