@@ -9,7 +9,8 @@ import torch
 from tqdm import tqdm
 
 from data.tokenizer import EOT, PAD, encode_batch
-from model import MODELS, ModelConfig, load_checkpoint
+from checkpoint import load_checkpoint
+from model import MODELS, ModelConfig
 
 
 class EvalError(ValueError):
@@ -33,7 +34,8 @@ def load_model(args):
     """(model in eval mode, description) from the add_model_args() options."""
     if args.ckpt == "random":
         torch.manual_seed(args.seed)
-        config = ModelConfig(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=args.block_size)
+        config = ModelConfig(model_type=args.model_type, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+                             block_size=args.block_size)
         model = MODELS[args.model_type](config).to(args.device).eval()
         return model, dict(ckpt="random", model_type=args.model_type, model_args=vars(model.config), seed=args.seed)
     try:

@@ -33,7 +33,8 @@ import torch
 
 from configurator import configure
 from flops import param_counts, training_flops
-from model import MODELS, ModelConfig, load_checkpoint, resolve
+from checkpoint import load_checkpoint
+from model import ModelConfig
 
 # -----------------------------------------------------------------------------
 # Presets. Power laws: lr = lr0 * (F / F0) ** LR_EXP and batch = batch0 * (F / F0) ** BATCH_EXP tokens, with
@@ -97,14 +98,14 @@ def run_settings(p, n_layer, n_embd, n_head, model_type, flops, **extra):
 
 
 def model_config(s):
-    """The resolved ModelConfig that train.py builds from run settings s."""
+    """The ModelConfig that train.py builds from run settings s."""
     args = dict(n_layer=s["n_layer"], n_embd=s["n_embd"], n_head=s["n_head"], block_size=s["block_size"])
     if s.get("vocab_size"):
         args.update(vocab_size=s["vocab_size"], mask_token_id=s["vocab_size"] - 2)
     for k in ("mask_ratio", "cms", "pred_layer"):
         if k in s:
             args[k] = s[k]
-    return resolve(ModelConfig(**args), s["model_type"])
+    return ModelConfig(model_type=s["model_type"], **args)
 
 
 def steps_for(s):
