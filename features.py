@@ -8,13 +8,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from data.tokenizer import EOT, PAD, encode_batch
 from checkpoint import load_checkpoint
+from data.tasks import EvalError
+from data.tokenizer import EOT, PAD, encode_batch
 from model import MODELS, ModelConfig
-
-
-class EvalError(ValueError):
-    """Bad input; the message names the file or option and the fix."""
 
 
 def add_model_args(parser):
