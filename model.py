@@ -244,8 +244,8 @@ class Attention(nn.Module):
         N, T, C = x.shape                    # T queries; mem is (N, S, C): S keys, S = T in self-attention
         H, S = self.n_head, mem.size(1)
         q = self.q(x).view(N, T, H, C // H).transpose(1, 2)                      # (N, H, T, D), D = C // H
-        # kv(mem) is (N, S, 2C): all of k, then all of v, each H heads of D. Split that into (2, H, D), then
-        # bring k/v to the front and heads before positions: k and v come out (N, H, S) each, like q
+        # kv(mem) is (N, S, 2C): the C channels of k, then those of v, each H heads of D. View the last axis as
+        # (2, H, D), then move k/v to the front and heads before positions: k and v are each (N, H, S, D), like q
         k, v = self.kv(mem).view(N, S, 2, H, C // H).permute(2, 0, 3, 1, 4)       # (2, N, H, S, D)
         # queries rotate by their own positions and keys by theirs, so scores see relative offsets
         q, k = rotate(q, *rope_x), rotate(k, *rope_mem)

@@ -27,11 +27,11 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_model_state_dict, set_optimizer_state_dict)
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import checkpoint
 from configurator import configure
 from data.loader import TokenWindows, unigram_loss
 from data.tokenizer import VOCAB_SIZE, compact_vocab
 from flops import fastest_dtype, peak_flops, training_flops
-import checkpoint
 from masking import Views, make_views, view_shape
 from model import MODELS, ModelConfig
 
