@@ -37,13 +37,13 @@ settings = dict(
 
 def bench(model_type, s, device, autocast):
     torch.manual_seed(s["seed"])
-    model = MODELS[model_type](ModelConfig(n_layer=s["n_layer"], n_head=s["n_head"], n_embd=s["n_embd"],
-                                           block_size=s["block_size"])).to(device)
+    model = MODELS[model_type](ModelConfig(model_type=model_type, n_layer=s["n_layer"], n_head=s["n_head"],
+                                           n_embd=s["n_embd"], block_size=s["block_size"])).to(device)
     cfg = model.config
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.type)
     step_fn = torch.compile(model) if s["compile"] else model
     B, T = s["batch_size"], s["block_size"]
-    x = torch.randint(0, 50257, (B, T), device=device)
+    idx = torch.randint(0, 50257, (B, T), device=device)
     gen = torch.Generator(device).manual_seed(s["seed"])
 
     views = make_views(B, T, cfg.mask_ratio, cfg.cms, generator=gen)
@@ -52,7 +52,7 @@ def bench(model_type, s, device, autocast):
         nonlocal views
         views = make_views(B, T, cfg.mask_ratio, cfg.cms, generator=gen)
         with autocast:
-            _, loss = step_fn(x, views)
+            _, loss = step_fn(idx, views)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -69,17 +69,17 @@ def bench(model_type, s, device, autocast):
     dt = (time.perf_counter() - t0) / s["steps"]
     V, _, _ = view_shape(T, cfg.mask_ratio, cfg.cms)
     if s["flash_check"]:
-        flash_check(model, x, views, autocast)
+        flash_check(model, idx, views, autocast)
     return cfg, B * T / dt, B * V * T / dt, training_flops(cfg, model_type, B) / dt
 
 
-def flash_check(model, x, views, autocast):
+def flash_check(model, idx, views, autocast):
     """One training step and one encode() with only FlashAttention allowed: SDPA raises if it cannot serve them."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION), autocast:
-        model(x, views)[1].backward()
+        model(idx, views)[1].backward()
         with torch.no_grad():
-            model.encode(x)
+            model.encode(idx)
 
 
 def main():

@@ -7,7 +7,8 @@ together with the backbone ("unfrozen", --unfreeze), in one pass over positive p
 Embeddings are compared by cosine similarity:
   STS        Spearman x100 of cosine similarity vs the gold score
   retrieval  nDCG@10 and Recall@100 (x100) on a BEIR folder, exact search
-Plain mean pooling with no training at all is the zero-shot row.
+Plain mean pooling with no training at all is the zero-shot row. data/tasks.py reads the STS and
+BEIR sets, data/pairs.py the pairs.
 
     python embed.py --ckpt=out/ckpt.pt --pairs=crop:../shared/corpus/gutenberg --sts=../shared/glue/STS-B
     python embed.py --ckpt=random --pairs=my_pairs.tsv --beir=scifact --unfreeze --out=scores.json
@@ -24,11 +25,9 @@ Plain mean pooling with no training at all is the zero-shot row.
          e.g. STSBenchmark,Banking77Classification (data from the hub), or local STS sets as --sts takes
 """
 import argparse
-import gzip
 import itertools
 import json
 import math
-import random
 import sys
 import time
 from pathlib import Path
@@ -38,10 +37,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from data.corpus import FORMATS, find_files, read_files
-from data.tokenizer import EOT, encode
-from features import EvalError, add_model_args, features, load_model, mean_pool, pad, tokenize
-from probe import read_table, spearman  # GLUE's STS-B goes through the probes' GLUE reader
+from data.pairs import pair_stream
+from data.tasks import EvalError, read_beir, read_sts
+from features import add_model_args, features, load_model, mean_pool, pad, tokenize
+from probe import spearman
 
 # ----------------------------------------------------------------------------
 # Poolers: (B, T, C) token states + (B, T) padding mask -> (B, C) embedding.
@@ -206,144 +205,6 @@ def train(model, pooler, pairs, steps, batch_size, lr, backbone_lr, temperature,
         if log and (step % 25 == 0 or step == steps - 1):
             print(f"{log} step {step + 1}/{steps} loss {loss.item():.3f} ({time.time() - t0:.0f}s)", file=sys.stderr)
     return losses
-
-# ----------------------------------------------------------------------------
-# Positive pairs
-
-def read_jsonl(path, keys=()):
-    """(line number, object) of a .jsonl or .jsonl.gz file; every object must have the string fields `keys`."""
-    with (gzip.open if path.name.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EvalError(f"{path}:{n}: not valid JSON ({e.msg}); fix: one JSON object per line") from None
-            if not isinstance(obj, dict) or not all(isinstance(obj.get(k), str) for k in keys):
-                raise EvalError(f"{path}:{n}: expected a JSON object with the fields {list(keys)}; fix: add them")
-            yield n, obj
-
-
-def crop_pairs(path, seed, passage=64, chars_per_passage=10_000, lo=0.1, hi=0.5):
-    """Contriever's independent cropping: two random spans, each 10-50% long, of one passage of one document.
-    Our choice: a whole book is too broad to be one "document", so passages of `passage` tokens are
-    cut at random places, one per `chars_per_passage` characters of text.
-    path: a corpus as data/local/prepare.py reads it, through the same reader."""
-    try:
-        find_files(str(path))
-    except (OSError, ValueError):
-        raise EvalError(f"--pairs=crop:{path}: no corpus there; pass {FORMATS}") from None
-    rng = random.Random(seed)
-
-    def span(ids):
-        n = rng.randint(max(1, round(lo * len(ids))), max(1, round(hi * len(ids))))
-        start = rng.randint(0, len(ids) - n)
-        return ids[start:start + n]
-
-    for text in read_files(str(path)):
-        for _ in range(max(1, len(text) // chars_per_passage)):
-            start = rng.randrange(max(1, len(text) - 8 * passage))  # 8 characters a token is plenty for English
-            ids = encode(text[start:start + 8 * passage])[1:passage + 1]  # the cut may split the first word
-            if len(ids) >= 8:
-                yield span(ids), span(ids)
-
-
-def first_two_texts(values, where):
-    texts = [v for v in values if isinstance(v, str)]
-    if len(texts) < 2:
-        raise EvalError(f"{where}: expected two text columns, found {len(texts)}; fix: one pair per line, "
-                        "`text_a<TAB>text_b` (.tsv) or {\"a\": ..., \"b\": ...} (.jsonl)")
-    return texts[0], texts[1]
-
-
-def text_pairs(spec):
-    """(text, text) pairs of a hub dataset (hf:NAME[:CONFIG]) or a local .tsv / .jsonl file."""
-    if spec.startswith("hf:"):
-        from datasets import load_dataset  # only this source needs it (and the internet)
-        name, _, config = spec[3:].partition(":")
-        try:
-            rows = load_dataset(name, config or None, split="train", streaming=True)
-        except Exception as e:  # offline, unknown name or config: all end here
-            raise EvalError(f"--pairs={spec}: cannot load it from the hub ({str(e).splitlines()[0]}); offline, "
-                            "use --pairs=crop:CORPUS or a local .tsv/.jsonl of pairs") from None
-        for row in rows:
-            yield first_two_texts(row.values(), spec)
-        return
-    path = Path(spec)
-    if not path.is_file() or path.suffix not in (".tsv", ".jsonl"):
-        raise EvalError(f"--pairs={spec}: no such .tsv or .jsonl file; pass crop:CORPUS, hf:NAME[:CONFIG] or a pairs file")
-    if path.suffix == ".jsonl":
-        for n, obj in read_jsonl(path):
-            yield first_two_texts(obj.values(), f"{path}:{n}")
-        return
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                yield first_two_texts(line.rstrip("\n").split("\t"), f"{path}:{n}")
-
-
-def pair_stream(spec, seed, max_len, buffer=4096):
-    """Token-id pairs of --pairs through a shuffle buffer: bounded memory, an order reproducible from the seed,
-    and runs of pairs of one book or one query spread out (a query repeated in a batch is a false negative)."""
-    if spec.startswith("crop:"):
-        pairs = crop_pairs(spec[5:], seed)
-    else:
-        pairs = ((encode(a)[:max_len] or [EOT], encode(b)[:max_len] or [EOT]) for a, b in text_pairs(spec))
-    rng, buf = random.Random(seed + 1), []
-    for pair in pairs:
-        buf.append(pair)
-        if len(buf) >= buffer:
-            i = rng.randrange(len(buf))
-            buf[i], buf[-1] = buf[-1], buf[i]
-            yield buf.pop()
-    rng.shuffle(buf)
-    yield from buf
-
-# ----------------------------------------------------------------------------
-# Evaluation readers
-
-def read_sts(path):
-    """{name: [(sentence1, sentence2, score)]}: STS-B in GLUE's layout (a folder with dev.tsv), or SemEval-style
-    files of `score<TAB>sentence1<TAB>sentence2` lines (a file, or every .tsv/.txt file of a folder)."""
-    p, columns = Path(path), ("sentence1", "sentence2", "score")
-    if (p / "dev.tsv").is_file():
-        files = {p.name: (p / "dev.tsv", None)}  # GLUE's header names the columns
-    else:
-        found = sorted(f for f in p.iterdir() if f.suffix in (".tsv", ".txt")) if p.is_dir() else [p]
-        if not found or not found[0].is_file():
-            raise EvalError(f"--sts={path}: no STS-B dev.tsv and no .tsv/.txt files of `score<TAB>s1<TAB>s2` lines there")
-        files = {f"{p.name}/{f.stem}" if p.is_dir() else f.stem: (f, ("score",) + columns[:2]) for f in found}
-    return {name: [(a, b, y) for (a, b), y in zip(*read_table(f, columns, None, header))]
-            for name, (f, header) in files.items()}
-
-
-def read_beir(folder):
-    """(corpus {doc id: title + text}, queries {query id: text}, qrels {query id: {doc id: grade > 0}})."""
-    p = Path(folder)
-    for name in ("corpus.jsonl", "queries.jsonl", "qrels/test.tsv"):
-        if not (p / name).is_file():
-            raise EvalError(f"--beir={folder}: no {name}; a BEIR folder holds corpus.jsonl, queries.jsonl, qrels/test.tsv")
-    corpus = {str(d["_id"]): f"{d.get('title') or ''} {d['text']}".strip()
-              for _, d in read_jsonl(p / "corpus.jsonl", ["_id", "text"])}
-    queries = {str(q["_id"]): q["text"] for _, q in read_jsonl(p / "queries.jsonl", ["_id", "text"])}
-    qrels, path = {}, p / "qrels/test.tsv"
-    with open(path, encoding="utf-8") as f:
-        if f.readline().rstrip("\n").split("\t") != ["query-id", "corpus-id", "score"]:
-            raise EvalError(f"{path}:1: expected the header query-id<TAB>corpus-id<TAB>score; fix: add it")
-        for n, line in enumerate(f, 2):
-            if not line.strip():
-                continue
-            r = line.rstrip("\n").split("\t")
-            if len(r) != 3 or not r[2].lstrip("-").isdigit():
-                raise EvalError(f"{path}:{n}: expected query-id<TAB>corpus-id<TAB>integer score; fix that line")
-            if r[0] not in queries:
-                raise EvalError(f"{path}:{n}: query id {r[0]!r} is not in queries.jsonl; fix the id or add the query")
-            if int(r[2]) > 0:  # grade 0 (judged not relevant) counts the same as unjudged for both metrics
-                qrels.setdefault(r[0], {})[r[1]] = int(r[2])
-    if not qrels:
-        raise EvalError(f"{path}: no query has a relevant doc (score > 0); nothing to evaluate")
-    return corpus, queries, qrels
 
 # ----------------------------------------------------------------------------
 # Command line

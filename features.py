@@ -8,12 +8,10 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from checkpoint import load_checkpoint
+from data.tasks import EvalError
 from data.tokenizer import EOT, PAD, encode_batch
-from model import MODELS, ModelConfig, load_checkpoint
-
-
-class EvalError(ValueError):
-    """Bad input; the message names the file or option and the fix."""
+from model import MODELS, ModelConfig
 
 
 def add_model_args(parser):
@@ -33,7 +31,8 @@ def load_model(args):
     """(model in eval mode, description) from the add_model_args() options."""
     if args.ckpt == "random":
         torch.manual_seed(args.seed)
-        config = ModelConfig(n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, block_size=args.block_size)
+        config = ModelConfig(model_type=args.model_type, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+                             block_size=args.block_size)
         model = MODELS[args.model_type](config).to(args.device).eval()
         return model, dict(ckpt="random", model_type=args.model_type, model_args=vars(model.config), seed=args.seed)
     try:

@@ -7,8 +7,8 @@ what torch.utils.flop_counter counts. A training step costs 3x its forward pass
 
     python flops.py --n_layer=12 --n_head=12 --n_embd=768 --block_size=512
 
-prints BERT and CrossBERT side by side. The config must be resolved (mask_ratio,
-cms and pred_layer set), as a model's `.config` is.
+prints BERT and CrossBERT side by side. The counts take a ModelConfig: its mask_ratio
+and cms decide the views, pred_layer the predictor.
 """
 import sys
 import time
@@ -34,7 +34,7 @@ def forward_flops(config, model_type):
     """Forward FLOPs for one input row (all its views)."""
     C, T, L = config.n_embd, config.block_size, config.n_layer
     V, K, M = view_shape(T, config.mask_ratio, config.cms)
-    head = 2 * M * C * config.vocab_size  # tied LM head, at the targets only
+    head = 2 * M * C * config.vocab_size  # tied LM head, at the target positions only
     if model_type == "bert":
         per_view = L * self_block_flops(C, T) + head
     else:
@@ -118,11 +118,14 @@ def main(argv):
     from dataclasses import asdict
 
     from configurator import configure
-    from model import ModelConfig, resolve  # only the CLI needs the model's defaults
-    kwargs = configure(asdict(ModelConfig()), argv)
+    from model import ModelConfig  # only the CLI needs the model's defaults
+    # the fields whose default depends on the model stay None, so each model below gets its own
+    defaults = {**asdict(ModelConfig()), "mask_ratio": None, "cms": None, "pred_layer": None}
+    del defaults["model_type"]
+    kwargs = configure(defaults, argv)
     rows = {}
     for model_type in ("bert", "crossbert"):
-        cfg = resolve(ModelConfig(**kwargs), model_type)
+        cfg = ModelConfig(model_type=model_type, **kwargs)
         V, K, M = view_shape(cfg.block_size, cfg.mask_ratio, cfg.cms)
         total, body = param_counts(cfg, model_type)
         rows[model_type] = {

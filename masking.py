@@ -6,9 +6,9 @@ them and torch.compile sees static shapes (no boolean masks with ragged rows).
 Depends on torch alone; copy it anywhere.
 
     views = make_views(batch_size=8, block_size=128, mask_ratio=0.5, cms=True)
-    views.rows     # (16,)     input row of each view: 8 rows x 2 complementary views
-    views.visible  # (16, 64)  positions the view's encoder sees
-    views.targets  # (16, 64)  positions the view predicts
+    views.rows         # (16,)     input row of each view: 8 rows x 2 complementary views
+    views.visible_pos  # (16, 64)  positions the view's encoder sees
+    views.target_pos   # (16, 64)  positions the view predicts
 """
 from typing import NamedTuple
 
@@ -16,9 +16,9 @@ import torch
 
 
 class Views(NamedTuple):
-    rows: torch.Tensor     # (N,) which input row each view is made from
-    visible: torch.Tensor  # (N, K) positions the view keeps
-    targets: torch.Tensor  # (N, M) positions the view must predict; K + M = T
+    rows: torch.Tensor         # (N,) which input row each view is made from
+    visible_pos: torch.Tensor  # (N, K) positions the view keeps
+    target_pos: torch.Tensor   # (N, M) positions the view must predict; K + M = T
 
 
 def view_shape(block_size, mask_ratio, cms):
@@ -61,29 +61,29 @@ def make_views(batch_size, block_size, mask_ratio, cms, generator=None, device=N
     B, T = batch_size, block_size
     V, K, M = view_shape(T, mask_ratio, cms)
     device = generator.device if generator is not None else device
-    # MAE's trick: argsort of uniform noise is a uniform random permutation of each row
-    order = torch.rand(B, T, generator=generator, device=device).argsort(dim=1)
+    # MAE's trick: argsort of uniform noise is a uniform random permutation of each row's positions
+    shuffled_pos = torch.rand(B, T, generator=generator, device=device).argsort(dim=1)
     rows = torch.arange(B, device=device).repeat_interleave(V)
     if V == 1:
-        return Views(rows, order[:, :K], order[:, K:])
-    chunks = order.view(B, V, T // V)
+        return Views(rows, shuffled_pos[:, :K], shuffled_pos[:, K:])
+    chunk_pos = shuffled_pos.view(B, V, T // V)
     # view v owns chunk v; the others, in order v+1, v+2, ... (mod V), are its complement
     step = torch.arange(V, device=device)
     others = (step[:, None] + step[None, 1:]) % V
-    own = chunks.reshape(B * V, T // V)
-    rest = chunks[:, others].reshape(B * V, T - T // V)
-    return Views(rows, own, rest) if mask_ratio >= 0.5 else Views(rows, rest, own)
+    own_pos = chunk_pos.reshape(B * V, T // V)
+    rest_pos = chunk_pos[:, others].reshape(B * V, T - T // V)
+    return Views(rows, own_pos, rest_pos) if mask_ratio >= 0.5 else Views(rows, rest_pos, own_pos)
 
 
-def corrupt(x, targets, mask_id, random_replace=False, generator=None):
-    """BERT's input: the tokens at `targets` replaced by <mask>.
+def corrupt(idx, target_pos, mask_id, random_replace=False, generator=None):
+    """BERT's input: the token ids idx (N, T) with those at target_pos (N, M) replaced by <mask>.
 
     With random_replace, BERT's 80/10/10 rule: 80% <mask>, 10% a random token,
     10% left as is. Random tokens are drawn below mask_id, where the real text ids are.
     """
-    fill = torch.full_like(targets, mask_id)
+    fill = torch.full_like(target_pos, mask_id)
     if random_replace:
-        u = torch.rand(targets.shape, generator=generator, device=targets.device)
-        noise = torch.randint(0, mask_id, targets.shape, generator=generator, device=targets.device)
-        fill = torch.where(u < 0.8, fill, torch.where(u < 0.9, noise, x.gather(1, targets)))
-    return x.scatter(1, targets, fill)
+        u = torch.rand(target_pos.shape, generator=generator, device=target_pos.device)
+        noise = torch.randint(0, mask_id, target_pos.shape, generator=generator, device=target_pos.device)
+        fill = torch.where(u < 0.8, fill, torch.where(u < 0.9, noise, idx.gather(1, target_pos)))
+    return idx.scatter(1, target_pos, fill)

@@ -15,16 +15,19 @@ other's tokens, so every token gets a gradient.
     import torch
     from model import ModelConfig, CrossBERT
     model = CrossBERT(ModelConfig(n_layer=4, n_head=4, n_embd=256, block_size=128))
+    # BERT: BERT(ModelConfig(model_type="bert", ...)); model_type also picks the masking defaults
     idx = torch.randint(0, 50257, (8, 128))                  # token ids
     logits, loss = model(idx)                                # masked-token pretraining
     loss.backward()
     with torch.no_grad():
         feats = model.encode(idx).mean(dim=1)                # frozen features (8, 256)
 
+Names: idx holds token ids, x, h and q hidden states, *_pos positions in the sequence. Shapes: B input
+rows, N views (B x views per row), T positions, K visible and M target positions per view, C channels.
 Depends on torch and masking.py alone; importing it has no side effects.
 """
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -35,6 +38,7 @@ from masking import corrupt, make_views
 
 @dataclass
 class ModelConfig:
+    model_type: str = "crossbert"   # bert | crossbert; decides the defaults of the last three fields
     block_size: int = 128
     vocab_size: int = 50304         # GPT-2's 50257 ids + <mask> + <pad>, padded to a multiple of 64
     token_ids: int = 50304          # ids the tokenizer emits; vocab_size < token_ids is a compact vocabulary,
@@ -42,107 +46,43 @@ class ModelConfig:
     n_layer: int = 4                # encoder depth
     n_head: int = 4
     n_embd: int = 128
-    pred_layer: int | None = None   # CrossBERT predictor depth; None = max(1, n_layer // 4)
-    mask_ratio: float | None = None # None = the model's default: BERT 0.2, CrossBERT 0.5
-    cms: bool | None = None         # complementary views; None = the model's default: BERT off, CrossBERT on
     random_replace: bool = False    # BERT's 80/10/10 corruption instead of all <mask>
     dropout: float = 0.0
     init_std: float = 0.02          # the paper lowered it to stabilise its largest model
     rope_base: float = 10000.0
     mask_token_id: int = 50257
+    mask_ratio: float | None = None # None: BERT 0.2, CrossBERT 0.5
+    cms: bool | None = None         # complementary views; None: BERT off, CrossBERT on
+    pred_layer: int | None = None   # CrossBERT's predictor depth; None: max(1, n_layer // 4)
 
-
-DEFAULTS = {"bert": dict(mask_ratio=0.2, cms=False), "crossbert": dict(mask_ratio=0.5, cms=True)}
-
-
-def resolve(config, model_type):
-    """The config with every None replaced by model_type's default."""
-    if model_type not in DEFAULTS:
-        raise ValueError(f"unknown model_type {model_type!r}; expected one of {sorted(DEFAULTS)}")
-    fill = {k: v for k, v in DEFAULTS[model_type].items() if getattr(config, k) is None}
-    if config.pred_layer is None:
-        fill["pred_layer"] = max(1, config.n_layer // 4)
-    return replace(config, **fill)
+    def __post_init__(self):
+        """The paper's defaults for the fields left at None."""
+        if self.model_type not in ("bert", "crossbert"):
+            raise ValueError(f"model_type={self.model_type!r}: expected bert or crossbert")
+        bert = self.model_type == "bert"
+        if self.mask_ratio is None:
+            self.mask_ratio = 0.2 if bert else 0.5
+        if self.cms is None:
+            self.cms = not bert
+        if self.pred_layer is None:  # BERT has no predictor, but keeps the value so old checkpoints compare equal
+            self.pred_layer = max(1, self.n_layer // 4)
 
 
 # ----------------------------------------------------------------------------
-# Shared parts
+# The two models, and what they share; the transformer parts they are built of come last
 
-def rope_tables(config):
-    """cos and sin of every (position, frequency) pair, precomputed once."""
-    head_dim = config.n_embd // config.n_head
-    freqs = config.rope_base ** (-torch.arange(0, head_dim, 2).float() / head_dim)
-    angles = torch.outer(torch.arange(config.block_size).float(), freqs)
-    return angles.cos(), angles.sin()
+class MaskedLM(nn.Module):
+    """What BERT and CrossBERT share: the token embedding, the encoder stack, the tied LM head,
+    encode() for frozen features, and the optimizer."""
 
-
-def rotate(x, cos, sin):
-    """Rotary embedding of x (N, H, T, D) by angles (.., T, D/2) of each token's own position."""
-    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # under autocast x is bf16: keep q and k there, not in fp32
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-
-
-class Attention(nn.Module):
-    """Multi-head attention of x over mem (mem is x for self-attention), with RoPE on both sides."""
+    model_type = None  # each model's; its config must say the same
 
     def __init__(self, config):
         super().__init__()
-        self.n_head = config.n_head
-        self.dropout = config.dropout
-        self.q = nn.Linear(config.n_embd, config.n_embd, bias=False)
-        self.kv = nn.Linear(config.n_embd, 2 * config.n_embd, bias=False)
-        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
-
-    def forward(self, x, rope_x, mem, rope_mem, attn_mask=None):
-        N, T, C = x.shape
-        q = self.q(x).view(N, T, self.n_head, -1).transpose(1, 2)
-        k, v = self.kv(mem).view(N, mem.size(1), 2, self.n_head, -1).permute(2, 0, 3, 1, 4)
-        # queries rotate by their own positions and keys by theirs, so scores see relative offsets
-        q, k = rotate(q, *rope_x), rotate(k, *rope_mem)
-        # no mask in training (fixed windows), which keeps the FlashAttention kernel available
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                           dropout_p=self.dropout if self.training else 0.0)
-        return self.proj(y.transpose(1, 2).reshape(N, T, C))
-
-
-class MLP(nn.Module):
-    def __init__(self, config):
-        super().__init__()
-        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
-        self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
-
-    def forward(self, x):
-        return self.proj(F.gelu(self.fc(x)))
-
-
-class Block(nn.Module):
-    """Pre-norm block. Self-attention when mem is None, else cross-attention to mem only."""
-
-    def __init__(self, config):
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=False)
-        self.attn = Attention(config)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=False)
-        self.mlp = MLP(config)
-        self.drop = nn.Dropout(config.dropout)
-
-    def forward(self, x, rope, mem=None, rope_mem=None, attn_mask=None):
-        h = self.ln_1(x)
-        if mem is None:
-            mem, rope_mem = h, rope
-        x = x + self.drop(self.attn(h, rope, mem, rope_mem, attn_mask))
-        return x + self.drop(self.mlp(self.ln_2(x)))
-
-
-class Encoder(nn.Module):
-    """What BERT and CrossBERT share: embeddings, the encoder stack, the tied LM head, encode()."""
-
-    model_type = None
-
-    def __init__(self, config):
-        super().__init__()
-        self.config = config = resolve(config, self.model_type)
+        if config.model_type != self.model_type:
+            raise ValueError(f"{type(self).__name__} takes ModelConfig(model_type={self.model_type!r}), "
+                             f"got model_type={config.model_type!r}")
+        self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
@@ -162,19 +102,19 @@ class Encoder(nn.Module):
                 scale = 1 / math.sqrt(2 * self.config.n_layer) if name.endswith("proj.weight") else 1
                 nn.init.normal_(p, mean=0.0, std=std * scale)
 
-    def rope(self, pos):
-        """Angles for position ids pos (T,) or (N, T), shaped to broadcast over heads."""
-        return self.cos[pos].unsqueeze(-3), self.sin[pos].unsqueeze(-3)
-
     def vocab_ids(self, idx):
         """Token ids as the embedding's row ids (the same, unless the vocabulary is compact)."""
         return idx if self.vocab_map is None else self.vocab_map[idx]
 
-    def run_encoder(self, tok, pos, attn_mask=None, layers=()):
-        """The encoder stack on tokens tok at positions pos: final-normed states, and those of `layers`
-        (the final norm applied to each chosen block's output, so every layer is on the same scale)."""
+    def rope(self, pos):
+        """Angles for positions pos (T,) or (N, T), shaped to broadcast over heads."""
+        return self.cos[pos].unsqueeze(-3), self.sin[pos].unsqueeze(-3)
+
+    def run_encoder(self, idx, pos, attn_mask=None, layers=()):
+        """The encoder stack on embedding ids idx (N, T) at positions pos: final-normed states (N, T, C), and
+        those of `layers` (the final norm applied to each chosen block's output, so all are on one scale)."""
         rope = self.rope(pos)
-        x = self.drop(self.wte(tok))
+        x = self.drop(self.wte(idx))
         kept = []
         for i, block in enumerate(self.blocks, start=1):
             x = block(x, rope, attn_mask=attn_mask)
@@ -183,10 +123,10 @@ class Encoder(nn.Module):
         x = self.ln_f(x)
         return x, kept + [x] * (self.config.n_layer in layers)
 
-    def lm_loss(self, h, x, targets):
-        """Tied LM head on the states h (N, M, C) of the targets; cross-entropy against x's tokens there."""
+    def lm_loss(self, h, idx, target_pos):
+        """Tied LM head on the states h (N, M, C) at target_pos (N, M); cross-entropy against idx's ids there."""
         logits = F.linear(h, self.wte.weight)
-        labels = x.gather(1, targets)
+        labels = idx.gather(1, target_pos)
         loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
         return logits, loss
 
@@ -225,10 +165,7 @@ class Encoder(nn.Module):
         return torch.optim.AdamW(groups, lr=learning_rate, betas=betas, fused=device_type == "cuda")
 
 
-# ----------------------------------------------------------------------------
-# The two models
-
-class BERT(Encoder):
+class BERT(MaskedLM):
     model_type = "bert"
 
     def __init__(self, config):
@@ -236,56 +173,112 @@ class BERT(Encoder):
         self.init_weights()
 
     def forward(self, idx, views=None):
-        """Masked-token prediction. Returns logits (N, M, vocab) at the masked positions and the mean loss."""
+        """Masked-token prediction on idx (B, T). Returns logits (N, M, vocab) at the target positions and the loss."""
         views = self.sample_views(idx) if views is None else views
-        x = self.vocab_ids(idx)[views.rows]
-        inp = corrupt(x, views.targets, self.config.mask_token_id, self.config.random_replace)
-        h, _ = self.run_encoder(inp, torch.arange(x.size(1), device=x.device))
+        idx = self.vocab_ids(idx)[views.rows]                                          # (N, T): each view's row
+        masked = corrupt(idx, views.target_pos, self.config.mask_token_id, self.config.random_replace)
+        h, _ = self.run_encoder(masked, torch.arange(idx.size(1), device=idx.device))  # (N, T, C)
         # the LM head, the costliest matmul of a small model, runs only where there is a target
-        h = h.gather(1, views.targets[..., None].expand(-1, -1, h.size(-1)))
-        return self.lm_loss(h, x, views.targets)
+        h = h.gather(1, views.target_pos[..., None].expand(-1, -1, h.size(-1)))        # (N, M, C)
+        return self.lm_loss(h, idx, views.target_pos)
 
 
-class CrossBERT(Encoder):
+class CrossBERT(MaskedLM):
     model_type = "crossbert"
 
     def __init__(self, config):
         super().__init__(config)
-        self.mask_query = nn.Parameter(torch.zeros(self.config.n_embd))
-        self.predictor = nn.ModuleList(Block(self.config) for _ in range(self.config.pred_layer))
-        self.ln_p = nn.LayerNorm(self.config.n_embd, bias=False)
+        self.mask_query = nn.Parameter(torch.zeros(config.n_embd))
+        self.predictor = nn.ModuleList(Block(config) for _ in range(config.pred_layer))
+        self.ln_p = nn.LayerNorm(config.n_embd, bias=False)
         self.init_weights()
-        nn.init.normal_(self.mask_query, std=self.config.init_std)
+        nn.init.normal_(self.mask_query, std=config.init_std)
 
     def forward(self, idx, views=None):
-        """Masked-token prediction. Returns logits (N, M, vocab) at the predicted positions and the mean loss."""
+        """Masked-token prediction on idx (B, T). Returns logits (N, M, vocab) at the target positions and the loss."""
         views = self.sample_views(idx) if views is None else views
-        x = self.vocab_ids(idx)[views.rows]
+        idx = self.vocab_ids(idx)[views.rows]                                          # (N, T): each view's row
         # the encoder sees the visible tokens only, each at its original position
-        mem, _ = self.run_encoder(x.gather(1, views.visible), views.visible)
+        mem, _ = self.run_encoder(idx.gather(1, views.visible_pos), views.visible_pos)  # (N, K, C)
         # the predictor's queries know nothing but where they are: one learned vector, rotated by target position
-        q = self.mask_query.expand(*views.targets.shape, -1)
-        rope_q, rope_mem = self.rope(views.targets), self.rope(views.visible)
-        for block in self.predictor:
+        q = self.mask_query.expand(*views.target_pos.shape, -1)                        # (N, M, C)
+        rope_q, rope_mem = self.rope(views.target_pos), self.rope(views.visible_pos)
+        for block in self.predictor:  # cross-attention to mem only: the queries never see each other
             q = block(q, rope_q, mem, rope_mem)
-        return self.lm_loss(self.ln_p(q), x, views.targets)
+        return self.lm_loss(self.ln_p(q), idx, views.target_pos)
 
 
 MODELS = {"bert": BERT, "crossbert": CrossBERT}
 
 
-def load_checkpoint(path, device="cpu"):
-    """(model in eval mode, checkpoint dict) from a checkpoint file written by train.py."""
-    try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such checkpoint; train one with `python train.py` or check the path") from None
-    except Exception as e:
-        raise ValueError(f"{path} is not a checkpoint written by train.py ({type(e).__name__}); "
-                         "pass the ckpt.pt from a training run's out_dir") from None
-    if not isinstance(ckpt, dict) or not {"model", "model_type", "model_args"} <= ckpt.keys():
-        raise ValueError(f"{path} is not a checkpoint written by train.py (no model/model_type/model_args); "
-                         "pass the ckpt.pt from a training run's out_dir")
-    model = MODELS[ckpt["model_type"]](ModelConfig(**ckpt["model_args"]))
-    model.load_state_dict(ckpt["model"])
-    return model.to(device).eval(), ckpt
+# ----------------------------------------------------------------------------
+# Their parts: rotary embeddings by position, attention, MLP, pre-norm block
+
+def rope_tables(config):
+    """cos and sin of every (position, frequency) pair, precomputed once."""
+    head_dim = config.n_embd // config.n_head
+    freqs = config.rope_base ** (-torch.arange(0, head_dim, 2).float() / head_dim)
+    angles = torch.outer(torch.arange(config.block_size).float(), freqs)
+    return angles.cos(), angles.sin()
+
+
+def rotate(x, cos, sin):
+    """Rotary embedding of x (N, H, T, D) by angles (.., T, D/2) of each token's own position."""
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)  # under autocast x is bf16: keep q and k there, not in fp32
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class Attention(nn.Module):
+    """Multi-head attention of x over mem (mem is x for self-attention), with RoPE on both sides."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.n_head = config.n_head
+        self.dropout = config.dropout
+        self.q = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.kv = nn.Linear(config.n_embd, 2 * config.n_embd, bias=False)
+        self.proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x, rope_x, mem, rope_mem, attn_mask=None):
+        N, T, C = x.shape                    # T queries; mem is (N, S, C): S keys, S = T in self-attention
+        H, S = self.n_head, mem.size(1)
+        q = self.q(x).view(N, T, H, C // H).transpose(1, 2)                      # (N, H, T, D), D = C // H
+        # kv(mem) is (N, S, 2C): the C channels of k, then those of v, each H heads of D. View the last axis as
+        # (2, H, D), then move k/v to the front and heads before positions: k and v are each (N, H, S, D), like q
+        k, v = self.kv(mem).view(N, S, 2, H, C // H).permute(2, 0, 3, 1, 4)       # (2, N, H, S, D)
+        # queries rotate by their own positions and keys by theirs, so scores see relative offsets
+        q, k = rotate(q, *rope_x), rotate(k, *rope_mem)
+        # no mask in training (fixed windows), which keeps the FlashAttention kernel available
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                           dropout_p=self.dropout if self.training else 0.0)  # (N, H, T, D)
+        return self.proj(y.transpose(1, 2).reshape(N, T, C))  # heads side by side again: (N, T, C)
+
+
+class MLP(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
+        self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.proj(F.gelu(self.fc(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm block. Self-attention when mem is None, else cross-attention to mem only."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(config.n_embd, bias=False)
+        self.attn = Attention(config)
+        self.ln_2 = nn.LayerNorm(config.n_embd, bias=False)
+        self.mlp = MLP(config)
+        self.drop = nn.Dropout(config.dropout)
+
+    def forward(self, x, rope, mem=None, rope_mem=None, attn_mask=None):
+        h = self.ln_1(x)
+        if mem is None:
+            mem, rope_mem = h, rope
+        x = x + self.drop(self.attn(h, rope, mem, rope_mem, attn_mask))
+        return x + self.drop(self.mlp(self.ln_2(x)))

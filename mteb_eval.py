@@ -16,8 +16,8 @@ from mteb.abstasks.task_metadata import TaskMetadata
 from mteb.models.abs_encoder import AbsEncoder
 from mteb.models.model_meta import ModelMeta, ScoringFunction
 
-from embed import embed, read_sts
-from features import EvalError
+from data.tasks import EvalError, read_sts
+from embed import embed
 
 
 class Encoder(AbsEncoder):
@@ -37,7 +37,7 @@ class Encoder(AbsEncoder):
 
 
 class LocalSTS(AbsTaskSTS):
-    """An STS set read by embed.read_sts (GLUE's STS-B folder, or a SemEval-style file) as an mteb task."""
+    """An STS set read by data.tasks.read_sts (GLUE's STS-B folder, or a SemEval-style file) as an mteb task."""
 
     def __init__(self, name, pairs):
         self.metadata = TaskMetadata(

@@ -15,22 +15,21 @@ Two probes are fitted on the train split and scored on dev with each task's GLUE
     python probe.py --ckpt=out/ckpt.pt --layers=all --out=probe.json           # layer-wise table
     python probe.py --tasks=path/to/my_task                                     # your own train.tsv/dev.tsv
 
-Without --glue_dir, GLUE comes from the hub (nyu-mll/glue). train.py calls probe_tasks().
+Without --glue_dir, GLUE comes from the hub (nyu-mll/glue); data/tasks.py reads the tasks.
+train.py calls probe_tasks().
 """
 import argparse
-import csv
 import json
 import math
-import os
 import sys
 import time
-from collections import namedtuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from features import EvalError, add_model_args, features, load_model, tokenize
+from data.tasks import GLUE, EvalError, load_task
+from features import add_model_args, features, load_model, tokenize
 
 LAMBDAS = 10.0 ** np.arange(-5, 2.01, 0.5)  # ridge penalty per training example (features have unit variance)
 KS = (1, 3, 5, 10, 20, 50, 100)
@@ -204,144 +203,6 @@ def probe_tasks(model, tasks, glue_dir=None, max_train=2000, batch_size=64, seed
     res = evaluate(model, [load_task(t, glue_dir, max_train, seed) for t in tasks], [last], batch_size, seed,
                    verbose=False)
     return {f"{name}/{p}": r["layers"][last][p]["score"] for name, r in res.items() for p in ("linear", "knn")}
-
-# ----------------------------------------------------------------------------
-# Tasks: GLUE from the official TSV layout or the hub, or a folder of the user's
-
-
-# TSV columns: the text column(s), then the label; the hub names them as hub_texts, then "label"
-Task = namedtuple("Task", "hub columns hub_texts classes metrics")
-PAIR, BINARY, NLI = ("sentence1", "sentence2"), ("0", "1"), ("entailment", "not_entailment")
-GLUE = {
-    "SST-2": Task("sst2", ("sentence", "label"), ("sentence",), BINARY, ("acc",)),
-    "CoLA": Task("cola", ("sentence", "label"), ("sentence",), BINARY, ("mcc",)),
-    "MRPC": Task("mrpc", ("#1 String", "#2 String", "Quality"), PAIR, BINARY, ("f1", "acc")),
-    "STS-B": Task("stsb", PAIR + ("score",), PAIR, None, ("pearson", "spearman")),
-    "QQP": Task("qqp", ("question1", "question2", "is_duplicate"), ("question1", "question2"), BINARY, ("f1", "acc")),
-    "MNLI": Task("mnli", PAIR + ("gold_label",), ("premise", "hypothesis"), ("entailment", "neutral", "contradiction"),
-                 ("acc",)),
-    "QNLI": Task("qnli", ("question", "sentence", "label"), ("question", "sentence"), NLI, ("acc",)),
-    "RTE": Task("rte", PAIR + ("label",), PAIR, NLI, ("acc",)),
-    "WNLI": Task("wnli", PAIR + ("label",), PAIR, BINARY, ("acc",)),
-}
-COLA_HEADER = ["source", "label", "original_label", "sentence"]  # CoLA's TSVs have no header row
-
-
-def read_tsv(path, header=None):
-    """{column name: [values]} of a TSV whose first row names the columns (or with the given header).
-
-    Quoting is off, as GLUE's files need: their quote characters are text, not field delimiters.
-    """
-    if not os.path.isfile(path):
-        raise EvalError(f"{path} is missing; a task folder needs train.tsv and dev.tsv (dev_matched.tsv for MNLI)")
-    with open(path, encoding="utf-8-sig", newline="") as f:  # utf-8-sig drops MRPC's byte-order mark
-        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        rows = [(reader.line_num, row) for row in reader if row]
-    names = header or (rows.pop(0)[1] if rows else [])
-    if not rows:
-        raise EvalError(f"{path} has no examples; fill it or leave the task out of --tasks")
-    for line, row in rows:
-        if len(row) != len(names):
-            raise EvalError(f"{path}:{line}: {len(row)} tab-separated fields where the header has {len(names)}; "
-                            "fix or delete that row (a field may not contain a tab)")
-    return dict(zip(names, zip(*(row for _, row in rows))))
-
-
-def pick(table, columns, path):
-    """(texts: [tuple of the text columns], raw labels) from a read_tsv() table; the label column is last."""
-    missing = [c for c in columns if c not in table]
-    if missing:
-        raise EvalError(f"{path} has no column {missing[0]!r} (its columns: {', '.join(table)}); rename the column")
-    *texts, labels = (table[c] for c in columns)
-    return list(zip(*texts)), list(labels)
-
-
-def parses(kind, s):
-    try:
-        return kind(s) is not None
-    except ValueError:
-        return False
-
-
-def to_labels(raw, classes, path):
-    """Class indices of raw label strings, or floats when classes is None (regression)."""
-    bad = [x for x in raw if (x not in classes if classes else not parses(float, x))]
-    if bad:
-        expected = f"one of {', '.join(classes)}" if classes else "a number"
-        raise EvalError(f"{path}: label {bad[0]!r} is not {expected}; fix the label column")
-    return np.array([classes.index(x) for x in raw]) if classes else np.array([float(x) for x in raw])
-
-
-def read_table(path, columns, classes, header=None):
-    """(texts, labels) of a TSV file: tuples of the text columns, and the last column parsed by to_labels()."""
-    texts, raw = pick(read_tsv(path, header), columns, path)
-    return texts, to_labels(raw, classes, path)
-
-
-def glue_split(name, glue_dir, split):
-    """(texts, labels) of a GLUE split from the official layout, or from the hub without glue_dir."""
-    task = GLUE[name]
-    if glue_dir is None:
-        import datasets  # only this path needs it
-        hub_split = {"train": "train", "dev": "validation_matched" if name == "MNLI" else "validation"}[split]
-        try:
-            ds = datasets.load_dataset("nyu-mll/glue", task.hub, split=hub_split)
-        except Exception as e:  # no internet, no cache, hub down: all end here
-            raise EvalError(f"cannot load GLUE {name} from the hub (nyu-mll/glue, {task.hub}): "
-                            f"{str(e).splitlines()[0]}; offline, pass --glue_dir=PATH with PATH/<TASK>/train.tsv "
-                            "and dev.tsv") from None
-        return list(zip(*(ds[c] for c in task.hub_texts))), np.array(ds["label"])
-    folder = os.path.join(glue_dir, name)
-    if not os.path.isdir(folder):
-        raise EvalError(f"no folder {folder} for GLUE task {name}; put its train.tsv and dev.tsv there, "
-                        f"or leave {name} out of --tasks")
-    path = os.path.join(folder, "dev_matched.tsv" if (name, split) == ("MNLI", "dev") else f"{split}.tsv")
-    return read_table(path, task.columns, task.classes, COLA_HEADER if name == "CoLA" else None)
-
-
-def folder_task(folder):
-    """(classes, metrics, {split: (texts, labels)}) of a user's folder with train.tsv and dev.tsv.
-
-    Each has a header row, a `sentence` column (or `sentence1` and `sentence2`) and a `label` column.
-    Integer or string labels make it classification, float labels regression.
-    """
-    paths = {s: os.path.join(folder, f"{s}.tsv") for s in ("train", "dev")}
-    tables = {s: read_tsv(p) for s, p in paths.items()}
-    columns = ("sentence1", "sentence2", "label") if "sentence1" in tables["train"] else ("sentence", "label")
-    data = {s: pick(tables[s], columns, paths[s]) for s in paths}
-    labels = data["train"][1] + data["dev"][1]
-    if all(parses(int, x) for x in labels):
-        classes = sorted(set(data["train"][1]), key=int)
-    elif all(parses(float, x) for x in labels):
-        classes = None
-    else:
-        classes = sorted(set(data["train"][1]))
-    metrics = ("pearson", "spearman") if classes is None else ("acc", "macro_f1") if len(classes) > 2 else ("acc",)
-    return classes, metrics, {s: (texts, to_labels(raw, classes, paths[s])) for s, (texts, raw) in data.items()}
-
-
-def load_task(name, glue_dir=None, max_train=0, seed=1337):
-    """A GLUE task by name, or a user's task by folder path: dict(name, classes, metrics, train, dev).
-
-    train and dev are (texts, labels); max_train > 0 keeps a random subset of train (seeded).
-    """
-    glue_name = {k.upper(): k for k in GLUE}.get(name.upper())
-    if glue_name:
-        classes, metrics = GLUE[glue_name].classes, GLUE[glue_name].metrics
-        data = {s: glue_split(glue_name, glue_dir, s) for s in ("train", "dev")}
-    elif os.path.isdir(name):
-        classes, metrics, data = folder_task(name)
-    else:
-        raise EvalError(f"unknown task {name!r}; use GLUE names ({','.join(GLUE)}) or the path of a folder "
-                        "with train.tsv and dev.tsv")
-    texts, labels = data["train"]
-    if len(labels) < 2:
-        raise EvalError(f"task {name} has {len(labels)} training example; the probes need at least 2")
-    if 0 < max_train < len(labels):
-        keep = np.sort(np.random.default_rng(seed).permutation(len(labels))[:max_train])
-        data["train"] = [texts[i] for i in keep], labels[keep]
-    name = glue_name or os.path.basename(os.path.normpath(name))
-    return dict(name=name, classes=classes, metrics=metrics, **data)
 
 # ----------------------------------------------------------------------------
 # Command line

@@ -22,18 +22,17 @@ Axes besides the main BERT-vs-CrossBERT comparison (the paper's ablations), at o
   predictor CrossBERT's predictor depth, at the same FLOPs
 """
 import json
-import math
 import os
 import subprocess
 import sys
 import time
-from dataclasses import replace
 
 import torch
 
 from configurator import configure, fail
 from flops import param_counts, training_flops
-from model import MODELS, ModelConfig, load_checkpoint, resolve
+from checkpoint import load_checkpoint
+from model import ModelConfig
 
 # -----------------------------------------------------------------------------
 # Presets. Power laws: lr = lr0 * (F / F0) ** LR_EXP and batch = batch0 * (F / F0) ** BATCH_EXP tokens, with
@@ -99,14 +98,14 @@ def run_settings(p, n_layer, n_embd, n_head, model_type, flops, **extra):
 
 
 def model_config(s):
-    """The resolved ModelConfig that train.py builds from run settings s."""
+    """The ModelConfig that train.py builds from run settings s."""
     args = dict(n_layer=s["n_layer"], n_embd=s["n_embd"], n_head=s["n_head"], block_size=s["block_size"])
     if s.get("vocab_size"):
         args.update(vocab_size=s["vocab_size"], mask_token_id=s["vocab_size"] - 2)
     for k in ("mask_ratio", "cms", "pred_layer"):
         if k in s:
             args[k] = s[k]
-    return resolve(ModelConfig(**args), s["model_type"])
+    return ModelConfig(model_type=s["model_type"], **args)
 
 
 def steps_for(s):

@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_model_state_dict, set_optimizer_state_dict)
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import checkpoint
 from configurator import configure, fail
 from data.loader import TokenWindows, unigram_loss
 from data.tokenizer import VOCAB_SIZE, compact_vocab
@@ -176,7 +177,7 @@ model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=bloc
 if vocab_size:
     model_args.update(vocab_size=vocab_size, mask_token_id=vocab_size - 2)
 try:
-    model = MODELS[model_type](ModelConfig(**model_args))
+    model = MODELS[model_type](ModelConfig(model_type=model_type, **model_args))
     config = model.config  # with the model's defaults filled in
     n_views, _, n_predicted = view_shape(block_size, config.mask_ratio, config.cms)
 except ValueError as e:  # e.g. a mask ratio or block size that the views cannot be cut from
@@ -193,16 +194,16 @@ def get_batch(split, index, rows=slice(None), n_rows=rows_per_step):
     processes and micro-steps sees the same data, and a resumed run continues exactly.
     """
     key = np.random.SeedSequence([seed, split == "val", index]).generate_state(2)
-    x = windows[split].sample(n_rows, key, rows)
+    idx = windows[split].sample(n_rows, key, rows)
     gen = torch.Generator().manual_seed(int(key[1]))
     v = make_views(n_rows, block_size, config.mask_ratio, config.cms, generator=gen)
     lo, hi, _ = rows.indices(n_rows)  # the views of input rows lo..hi-1, renumbered from 0
-    views = Views(v.rows[lo * n_views:hi * n_views] - lo, v.visible[lo * n_views:hi * n_views],
-                  v.targets[lo * n_views:hi * n_views])
+    views = Views(v.rows[lo * n_views:hi * n_views] - lo, v.visible_pos[lo * n_views:hi * n_views],
+                  v.target_pos[lo * n_views:hi * n_views])
     if device_type == "cuda":
-        x, views = x.pin_memory().to(device, non_blocking=True), type(views)(
+        idx, views = idx.pin_memory().to(device, non_blocking=True), type(views)(
             *(t.pin_memory().to(device, non_blocking=True) for t in views))
-    return x, views
+    return idx, views
 
 
 def rng_state():
@@ -301,9 +302,9 @@ def estimate_val_loss():
     total = torch.zeros(2, device=device)
     # every process runs as many forward passes (FSDP's are collectives); those past eval_iters count for nothing
     for i in range(rank, math.ceil(eval_iters / world_size) * world_size, world_size):
-        x, views = get_batch("val", i, n_rows=batch_size)
+        idx, views = get_batch("val", i, n_rows=batch_size)
         with autocast:
-            _, loss = model(x, views)
+            _, loss = model(idx, views)
         total += (i < eval_iters) * torch.stack([loss.float(), torch.ones((), device=device)])
     if ddp:
         dist.all_reduce(total)
@@ -312,7 +313,7 @@ def estimate_val_loss():
 
 
 def save_checkpoint():
-    """Write out_dir/ckpt.pt atomically: a crash mid-write leaves the previous checkpoint intact."""
+    """Gather every process's state and write out_dir/ckpt.pt (atomically: see checkpoint.py)."""
     rng = [rng_state()]
     if ddp:  # every rank's dropout stream, so a resume continues each exactly
         mine = rng[0].to(device)  # nccl gathers GPU tensors only
@@ -327,8 +328,7 @@ def save_checkpoint():
     ckpt = {"model": state, "optimizer": optim_state, "model_type": model_type,
             "model_args": asdict(config), "config": settings, "step": step, "tokens": tokens_seen,
             "flops": flops_seen, "best_val_loss": best_val_loss, "rng": rng}
-    torch.save(ckpt, ckpt_path + ".tmp")
-    os.replace(ckpt_path + ".tmp", ckpt_path)
+    checkpoint.save_checkpoint(ckpt_path, ckpt)
     log(f"saved checkpoint to {ckpt_path} (step {step})")
 
 
@@ -422,14 +422,14 @@ while True:
         group["lr"] = lr
     for micro in range(grad_accum):
         first = (rank * grad_accum + micro) * micro_batch  # this micro-step's rows of the step's batch
-        x, views = get_batch("train", step, slice(first, first + micro_batch))
+        idx, views = get_batch("train", step, slice(first, first + micro_batch))
         if ddp:  # all-reduce (or reduce-scatter) the gradients once, in the backward pass of the last micro-step
             if fsdp:
                 raw_model.set_requires_gradient_sync(micro == grad_accum - 1)
             else:
                 model.require_backward_grad_sync = micro == grad_accum - 1
         with autocast:
-            _, loss = model(x, views)
+            _, loss = model(idx, views)
         (loss / grad_accum).backward()
         loss_sum += loss.detach() / grad_accum
     if grad_clip:

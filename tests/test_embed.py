@@ -7,6 +7,8 @@ import pytest
 import torch
 
 import embed
+from data.pairs import crop_pairs, pair_stream, text_pairs
+from data.tasks import read_beir, read_sts
 from data.tokenizer import decode, encode
 from model import CrossBERT, ModelConfig
 
@@ -126,7 +128,7 @@ def test_retrieval_finds_identical_text(tmp_path):
     write_beir(tmp_path, [{"_id": f"d{i}", "title": "", "text": t} for i, t in enumerate(docs)],
                [{"_id": "q1", "text": docs[2]}, {"_id": "q2", "text": docs[7]}, {"_id": "q3", "text": "x"}],
                [("q1", "d2", 1), ("q2", "d7", 2), ("q3", "d0", 0)])
-    corpus, queries, qrels = embed.read_beir(tmp_path)
+    corpus, queries, qrels = read_beir(tmp_path)
     assert corpus["d2"] == docs[2] and set(qrels) == {"q1", "q2"}  # q3 has no relevant doc: not scored
     scores = embed.eval_retrieval(tiny_model(), None, (corpus, queries, qrels))
     assert scores == {"ndcg@10": pytest.approx(100.0), "recall@100": pytest.approx(100.0)}
@@ -145,10 +147,10 @@ def test_beir_reader_rejects_malformed_files(tmp_path, name, text, line):
     write_beir(tmp_path, [{"_id": "d0", "text": "a"}], [{"_id": "q1", "text": "b"}], [("q1", "d0", 1)])
     (tmp_path / name).write_text(text)
     with pytest.raises(ValueError, match=rf"{name}:{line}: .*fix"):
-        embed.read_beir(tmp_path)
+        read_beir(tmp_path)
     (tmp_path / name).unlink()
     with pytest.raises(ValueError, match=f"no {name}"):
-        embed.read_beir(tmp_path)
+        read_beir(tmp_path)
 
 
 def test_sts_readers(tmp_path):
@@ -156,14 +158,14 @@ def test_sts_readers(tmp_path):
     glue.mkdir()
     head = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
     (glue / "dev.tsv").write_text(head + '0\tg\tf\ty\t0\tnone\tnone\tA "quoted\tB\t4.5\n')
-    assert embed.read_sts(glue) == {"STS-B": [('A "quoted', "B", 4.5)]}  # a quote is text, not quoting
+    assert read_sts(glue) == {"STS-B": [('A "quoted', "B", 4.5)]}  # a quote is text, not quoting
     semeval = tmp_path / "semeval"
     semeval.mkdir()
     (semeval / "a.txt").write_text("1.0\tx\ty\n\n3\tu\tv\n")
-    assert embed.read_sts(semeval) == {"semeval/a": [("x", "y", 1.0), ("u", "v", 3.0)]}
+    assert read_sts(semeval) == {"semeval/a": [("x", "y", 1.0), ("u", "v", 3.0)]}
 
 
-@pytest.mark.parametrize("layout, text, message", [  # the probes' GLUE reader reads both layouts
+@pytest.mark.parametrize("layout, text, message", [  # the GLUE tasks' TSV reader reads both layouts
     ("glue", "index\tsentence1\tsentence2\tscore\n0\ta\tb\t1\n1\ta\tb\n", ":3: 3 tab-separated fields.*fix"),
     ("glue", "index\tsentence1\tsentence2\tscore\n0\ta\tb\tfive\n", ": label 'five' is not a number; fix"),
     ("glue", "index\ts1\ts2\tlabel\n0\ta\tb\t1\n", " has no column 'sentence1'.*rename"),
@@ -174,7 +176,7 @@ def test_sts_readers_reject_malformed_files(tmp_path, layout, text, message):
     path = tmp_path / ("dev.tsv" if layout == "glue" else "sts.tsv")
     path.write_text(text)
     with pytest.raises(ValueError, match=f"{path.name}{message}"):
-        embed.read_sts(tmp_path if layout == "glue" else path)
+        read_sts(tmp_path if layout == "glue" else path)
 
 
 def test_crops_are_two_spans_of_one_document(tmp_path):
@@ -182,7 +184,7 @@ def test_crops_are_two_spans_of_one_document(tmp_path):
     with gzip.open(tmp_path / "part.jsonl.gz", "wt") as f:
         f.write(json.dumps({"text": docs[0]}) + "\n" + json.dumps({"text": docs[1]}) + "\n")
     (tmp_path / "book.txt").write_text(docs[2])
-    pairs = list(embed.crop_pairs(tmp_path, seed=0, passage=32))
+    pairs = list(crop_pairs(tmp_path, seed=0, passage=32))
     assert len(pairs) == 3
     sources = []
     for a, b in pairs:
@@ -192,19 +194,19 @@ def test_crops_are_two_spans_of_one_document(tmp_path):
         assert len(home) == 1 and tb in docs[home[0]]
         sources.append(home[0])
     assert sources == [2, 0, 1]  # book.txt, then the two documents of part.jsonl.gz
-    assert pairs == list(embed.crop_pairs(tmp_path, seed=0, passage=32))
-    assert pairs != list(embed.crop_pairs(tmp_path, seed=1, passage=32))
+    assert pairs == list(crop_pairs(tmp_path, seed=0, passage=32))
+    assert pairs != list(crop_pairs(tmp_path, seed=1, passage=32))
 
 
 def test_pair_files(tmp_path):
     (tmp_path / "p.tsv").write_text("what is a cat\ta small animal\textra\n\nsky\tblue\n")
     (tmp_path / "p.jsonl").write_text(json.dumps({"id": 3, "query": "sky", "pos": "blue"}) + "\n")
-    got = list(embed.pair_stream(str(tmp_path / "p.tsv"), seed=0, max_len=3))
+    got = list(pair_stream(str(tmp_path / "p.tsv"), seed=0, max_len=3))
     assert sorted(got) == sorted([(encode("what is a cat")[:3], encode("a small animal")[:3]), (encode("sky"), encode("blue"))])
-    assert list(embed.text_pairs(str(tmp_path / "p.jsonl"))) == [("sky", "blue")]
+    assert list(text_pairs(str(tmp_path / "p.jsonl"))) == [("sky", "blue")]
     (tmp_path / "bad.tsv").write_text("a\tb\nonly one\n")
     with pytest.raises(ValueError, match=r"bad.tsv:2: .*fix"):
-        list(embed.text_pairs(str(tmp_path / "bad.tsv")))
+        list(text_pairs(str(tmp_path / "bad.tsv")))
 
 
 def test_command_line(tmp_path, capsys):
@@ -233,7 +235,7 @@ def test_hub_pairs_take_the_first_two_text_columns(monkeypatch):
         return [{"query": "what is rain", "positive": "water falling", "negative": "a dry desert"}]
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
-    assert list(embed.text_pairs("hf:org/msmarco:triplet")) == [("what is rain", "water falling")]
+    assert list(text_pairs("hf:org/msmarco:triplet")) == [("what is rain", "water falling")]
     assert calls == [("org/msmarco", "triplet", "train", True)]
 
 

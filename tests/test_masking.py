@@ -13,13 +13,13 @@ def test_views_shapes_and_ratio(m, cms):
     V, K, M = view_shape(T, m, cms)
     views = make_views(B, T, m, cms, generator=torch.Generator().manual_seed(0))
     assert views.rows.tolist() == [b for b in range(B) for _ in range(V)]
-    assert views.visible.shape == (B * V, K) and views.targets.shape == (B * V, M)
+    assert views.visible_pos.shape == (B * V, K) and views.target_pos.shape == (B * V, M)
     if not cms:
         assert V == 1 and M == round(m * T)
     else:
         assert M / T == pytest.approx(m) and V == {1 / 7: 7, 0.2: 5, 0.5: 2, 0.75: 4}[m]
-    # within a view, visible and targets are disjoint and together cover every position once
-    both = torch.cat([views.visible, views.targets], dim=1).sort(dim=1).values
+    # within a view, the visible and target positions are disjoint and together cover every position once
+    both = torch.cat([views.visible_pos, views.target_pos], dim=1).sort(dim=1).values
     assert torch.equal(both, torch.arange(T).expand(B * V, T))
 
 
@@ -28,13 +28,13 @@ def test_cms_views_partition_positions(m):
     B = 4
     V, _, _ = view_shape(T, m, True)
     views = make_views(B, T, m, True, generator=torch.Generator().manual_seed(1))
-    # the smaller set of each view (visible for m >= 0.5, targets below) partitions the row's positions
-    part = views.visible if m >= 0.5 else views.targets
+    # the smaller set of each view (visible for m >= 0.5, target below) partitions the row's positions
+    part = views.visible_pos if m >= 0.5 else views.target_pos
     per_row = part.view(B, V * part.size(1)).sort(dim=1).values
     assert torch.equal(per_row, torch.arange(T).expand(B, T))
     # so every position is predicted by at least one view of its row
     predicted = torch.zeros(B, T, dtype=torch.long)
-    predicted.scatter_add_(1, views.targets.view(B, -1), torch.ones(B, views.targets.numel() // B, dtype=torch.long))
+    predicted.scatter_add_(1, views.target_pos.view(B, -1), torch.ones(B, views.target_pos.numel() // B, dtype=torch.long))
     assert (predicted >= 1).all()
     if m >= 0.5:  # each position is predicted by all views but the one that sees it
         assert (predicted == V - 1).all()
@@ -45,13 +45,13 @@ def test_views_reproducible_from_generator():
     b = make_views(4, T, 0.5, True, generator=torch.Generator().manual_seed(7))
     c = make_views(4, T, 0.5, True, generator=torch.Generator().manual_seed(8))
     assert all(torch.equal(x, y) for x, y in zip(a, b))
-    assert not torch.equal(a.visible, c.visible)
+    assert not torch.equal(a.visible_pos, c.visible_pos)
 
 
 def test_views_are_random_per_row():
     views = make_views(64, T, 0.5, False, generator=torch.Generator().manual_seed(0))
     # each position is masked in about half the rows
-    counts = torch.zeros(T).index_add_(0, views.targets.flatten(), torch.ones(views.targets.numel()))
+    counts = torch.zeros(T).index_add_(0, views.target_pos.flatten(), torch.ones(views.target_pos.numel()))
     assert counts.min() > 10 and counts.max() < 54
 
 
@@ -66,18 +66,18 @@ def test_bad_ratio_and_block_size_are_clear_errors():
     assert view_shape(120, 2 / 3, True) == (3, 40, 80) and view_shape(120, 0.667, True) == (3, 40, 80)
 
 
-def test_corrupt_masks_targets_only():
-    x = torch.randint(0, 100, (2, 20))
+def test_corrupt_masks_target_positions_only():
+    idx = torch.randint(0, 100, (2, 20))
     views = make_views(2, 20, 0.25, False, generator=torch.Generator().manual_seed(0))
-    y = corrupt(x, views.targets, mask_id=999)
-    assert (y.gather(1, views.targets) == 999).all()
-    assert torch.equal(y.gather(1, views.visible), x.gather(1, views.visible))
+    out = corrupt(idx, views.target_pos, mask_id=999)
+    assert (out.gather(1, views.target_pos) == 999).all()
+    assert torch.equal(out.gather(1, views.visible_pos), idx.gather(1, views.visible_pos))
 
 
 def test_corrupt_80_10_10():
-    x = torch.full((1, 100_000), 5)
-    targets = torch.arange(100_000)[None]
-    y = corrupt(x, targets, mask_id=50257, random_replace=True, generator=torch.Generator().manual_seed(0))
-    masked, kept = (y == 50257).float().mean().item(), (y == 5).float().mean().item()
+    idx = torch.full((1, 100_000), 5)
+    target_pos = torch.arange(100_000)[None]
+    out = corrupt(idx, target_pos, mask_id=50257, random_replace=True, generator=torch.Generator().manual_seed(0))
+    masked, kept = (out == 50257).float().mean().item(), (out == 5).float().mean().item()
     assert abs(masked - 0.8) < 0.01 and 0.09 < kept < 0.11  # 10% kept (+ random draws of 5, rare)
-    assert (y < 50258).all()
+    assert (out < 50258).all()

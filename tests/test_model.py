@@ -1,4 +1,5 @@
 import math
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
 
 def tiny(model_type, **kw):
     torch.manual_seed(0)
-    return MODELS[model_type](ModelConfig(**{**TINY, **kw})).eval()
+    return MODELS[model_type](ModelConfig(model_type=model_type, **{**TINY, **kw})).eval()
 
 
 def views_for(model, B, seed=0):
@@ -29,34 +30,41 @@ def test_defaults_follow_the_paper():
     assert tiny("crossbert", n_layer=2).config.pred_layer == 1
 
 
+def test_config_round_trips_and_names_its_model():
+    config = tiny("bert").config
+    assert ModelConfig(**asdict(config)) == config  # how checkpoints store and rebuild it
+    with pytest.raises(ValueError, match="model_type='bert'"):
+        MODELS["bert"](ModelConfig(**TINY))  # a CrossBERT config
+
+
 @pytest.mark.parametrize("model_type,cms", [("crossbert", False), ("crossbert", True), ("bert", False)])
 def test_prediction_never_sees_its_targets(model_type, cms):
     model = tiny(model_type, cms=cms)
-    x = torch.randint(0, 50257, (2, 32))
+    idx = torch.randint(0, 50257, (2, 32))
     views = views_for(model, 2)
-    logits, _ = model(x, views)
+    logits, _ = model(idx, views)
     # change every token that view 0 must predict (view 0 is made from row 0)
-    y = x.clone()
-    y[0, views.targets[0]] = (y[0, views.targets[0]] + 1) % 50257
-    logits_y, _ = model(y, views)
-    assert torch.allclose(logits_y[0], logits[0], atol=1e-6)
+    changed = idx.clone()
+    changed[0, views.target_pos[0]] = (changed[0, views.target_pos[0]] + 1) % 50257
+    logits_changed, _ = model(changed, views)
+    assert torch.allclose(logits_changed[0], logits[0], atol=1e-6)
     # control: changing one visible token does change that view's predictions
-    z = x.clone()
-    z[0, views.visible[0, 0]] = (z[0, views.visible[0, 0]] + 1) % 50257
-    assert not torch.allclose(model(z, views)[0][0], logits[0], atol=1e-4)
+    control = idx.clone()
+    control[0, views.visible_pos[0, 0]] = (control[0, views.visible_pos[0, 0]] + 1) % 50257
+    assert not torch.allclose(model(control, views)[0][0], logits[0], atol=1e-4)
     if cms:  # the complementary view sees what view 0 predicts, so its predictions move
-        assert not torch.allclose(logits_y[1], logits[1], atol=1e-4)
+        assert not torch.allclose(logits_changed[1], logits[1], atol=1e-4)
 
 
 def test_bert_with_80_10_10_can_see_some_targets():
     model = tiny("bert", random_replace=True)
-    x = torch.randint(0, 50257, (8, 32))
+    idx = torch.randint(0, 50257, (8, 32))
     views = views_for(model, 8)
-    y = x.scatter(1, views.targets, (x.gather(1, views.targets) + 1) % 50257)
+    changed = idx.scatter(1, views.target_pos, (idx.gather(1, views.target_pos) + 1) % 50257)
     torch.manual_seed(1)
-    a = model(x, views)[0]
+    a = model(idx, views)[0]
     torch.manual_seed(1)
-    b = model(y, views)[0]
+    b = model(changed, views)[0]
     assert not torch.equal(a, b)  # the 10% of targets left as they are leak, as in BERT
 
 
@@ -80,12 +88,12 @@ def test_encode_is_padding_invariant(model_type):
 
 def test_encode_layers():
     model = tiny("crossbert", n_layer=3)
-    x = torch.randint(0, 50257, (2, 16))
-    hs = model.encode(x, layers=[1, 2, 3])
-    assert len(hs) == 3 and torch.equal(hs[-1], model.encode(x))
-    assert torch.equal(model.encode(x, layers=[2])[0], hs[1]) and not torch.allclose(hs[0], hs[1])
+    idx = torch.randint(0, 50257, (2, 16))
+    hs = model.encode(idx, layers=[1, 2, 3])
+    assert len(hs) == 3 and torch.equal(hs[-1], model.encode(idx))
+    assert torch.equal(model.encode(idx, layers=[2])[0], hs[1]) and not torch.allclose(hs[0], hs[1])
     with pytest.raises(ValueError, match="layers"):
-        model.encode(x, layers=[0])
+        model.encode(idx, layers=[0])
     with pytest.raises(ValueError, match="block_size"):
         model.encode(torch.zeros(1, 33, dtype=torch.long))
 
@@ -105,12 +113,12 @@ def test_param_counts_match(model_type):
                                         mask_token_id=510)])
 def test_analytic_flops_match_flop_counter(model_type, mask_ratio, cms, shape):
     torch.manual_seed(0)
-    model = MODELS[model_type](ModelConfig(**shape, mask_ratio=mask_ratio, cms=cms))
+    model = MODELS[model_type](ModelConfig(model_type=model_type, **shape, mask_ratio=mask_ratio, cms=cms))
     B = 2
-    x = torch.randint(0, 500, (B, shape["block_size"]))
+    idx = torch.randint(0, 500, (B, shape["block_size"]))
     # the math backend runs attention as matmuls, which the counter sees (the CPU flash kernel it does not)
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-        model(x)[1].backward()
+        model(idx)[1].backward()
     measured = counter.get_total_flops()
     assert measured == pytest.approx(training_flops(model.config, model_type, B), rel=0.02)
 
@@ -118,14 +126,14 @@ def test_analytic_flops_match_flop_counter(model_type, mask_ratio, cms, shape):
 @pytest.mark.parametrize("model_type", ["bert", "crossbert"])
 def test_overfits_one_batch(model_type):
     torch.manual_seed(0)
-    model = MODELS[model_type](ModelConfig(n_layer=2, n_head=2, n_embd=64, block_size=32, vocab_size=256,
-                                                     mask_token_id=255))
-    x = torch.randint(0, 250, (2, 32))
+    model = MODELS[model_type](ModelConfig(model_type=model_type, n_layer=2, n_head=2, n_embd=64, block_size=32,
+                                           vocab_size=256, mask_token_id=255))
+    idx = torch.randint(0, 250, (2, 32))
     views = views_for(model, 2)
     opt = model.configure_optimizers(0.0, 2e-3, (0.9, 0.95), "cpu")
     model.train()
     for _ in range(200):
-        _, loss = model(x, views)
+        _, loss = model(idx, views)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -135,8 +143,8 @@ def test_overfits_one_batch(model_type):
 @pytest.mark.parametrize("model_type", ["bert", "crossbert"])
 def test_compiled_matches_eager(model_type):
     model = tiny(model_type)
-    x = torch.randint(0, 50257, (4, 32))
+    idx = torch.randint(0, 50257, (4, 32))
     views = views_for(model, 4)
-    _, eager = model(x, views)
-    _, compiled = torch.compile(model)(x, views)
+    _, eager = model(idx, views)
+    _, compiled = torch.compile(model)(idx, views)
     assert compiled.item() == pytest.approx(eager.item(), abs=1e-4)

@@ -6,7 +6,7 @@ import torch
 pytest.importorskip("mteb")
 import embed  # noqa: E402  (after the skip: without mteb there is nothing to test here)
 import mteb_eval  # noqa: E402
-from features import EvalError  # noqa: E402
+from data.tasks import EvalError  # noqa: E402
 from model import CrossBERT, ModelConfig  # noqa: E402
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)

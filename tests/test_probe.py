@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import probe
+from data.tasks import load_task
 from model import CrossBERT, ModelConfig
 
 ROOT = probe.__file__.rsplit("/", 1)[0]
@@ -109,25 +110,25 @@ def tiny_glue(root, n_train=24, n_dev=8):
 
 def test_readers_parse_the_official_layouts(tmp_path):
     glue = str(tiny_glue(tmp_path))
-    cola = probe.load_task("CoLA", glue)
+    cola = load_task("CoLA", glue)
     assert cola["train"][0][:2] == [("dull and slow number 0",), ("a lovely film number 1",)] and cola["train"][1][:2].tolist() == [0, 1]
-    mrpc = probe.load_task("MRPC", glue)
+    mrpc = load_task("MRPC", glue)
     assert mrpc["dev"][0][0] == ("dull and slow number 0", '"quoted dull and slow number 0')  # quotes are text
-    assert probe.load_task("STS-B", glue)["train"][1][:3].tolist() == [0.0, 0.8, 1.6]
-    rte = probe.load_task("rte", glue, max_train=10)
+    assert load_task("STS-B", glue)["train"][1][:3].tolist() == [0.0, 0.8, 1.6]
+    rte = load_task("rte", glue, max_train=10)
     assert rte["name"] == "RTE" and len(rte["train"][0]) == 10 and len(rte["dev"][1]) == 8
-    assert rte["train"][1].tolist() == probe.load_task("RTE", glue, max_train=10)["train"][1].tolist()
+    assert rte["train"][1].tolist() == load_task("RTE", glue, max_train=10)["train"][1].tolist()
 
 
 def test_user_task_folder(tmp_path):
     write(tmp_path / "mine" / "train.tsv", [("sentence", "label"), ("a", "cat"), ("b", "dog"), ("c", "eel")])
     write(tmp_path / "mine" / "dev.tsv", [("sentence", "label"), ("d", "dog")])
-    t = probe.load_task(str(tmp_path / "mine"))
+    t = load_task(str(tmp_path / "mine"))
     assert t["name"] == "mine" and t["classes"] == ["cat", "dog", "eel"] and t["metrics"] == ("acc", "macro_f1")
     assert t["dev"][1].tolist() == [1]
     write(tmp_path / "reg" / "train.tsv", [("sentence1", "sentence2", "label"), ("a", "b", "0.5"), ("c", "d", "2")])
     write(tmp_path / "reg" / "dev.tsv", [("sentence1", "sentence2", "label"), ("e", "f", "1.25")])
-    t = probe.load_task(str(tmp_path / "reg"))
+    t = load_task(str(tmp_path / "reg"))
     assert t["classes"] is None and t["metrics"] == ("pearson", "spearman") and t["train"][0][1] == ("c", "d")
 
 
@@ -135,7 +136,7 @@ def test_local_glue_row_counts(shared_dir):
     counts = {"SST-2": (67349, 872), "CoLA": (8551, 1043), "MRPC": (3668, 408), "STS-B": (5749, 1500),
               "RTE": (2490, 277), "WNLI": (635, 71)}
     for name, (n_train, n_dev) in counts.items():
-        t = probe.load_task(name, str(shared_dir / "glue"))
+        t = load_task(name, str(shared_dir / "glue"))
         assert (len(t["train"][0]), len(t["dev"][0])) == (n_train, n_dev), name
         assert len(t["train"][1]) == n_train and all(s.strip() for s in t["dev"][0][0])
 

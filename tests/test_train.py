@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from configurator import configure
-from model import load_checkpoint
+from checkpoint import load_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=2", "--eval_iters=2",

@@ -22,7 +22,7 @@ def test_compact_vocab_keeps_the_most_frequent_ids():
 def test_model_reads_gpt2_ids_through_the_map(model_type):
     counts = np.arange(VOCAB_SIZE)[::-1].copy()  # ids 0..60 are the most frequent
     torch.manual_seed(0)
-    model = MODELS[model_type](ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64,
+    model = MODELS[model_type](ModelConfig(model_type=model_type, n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64,
                                            mask_token_id=62)).eval()
     model.vocab_map.copy_(torch.from_numpy(compact_vocab(counts, 64)))
     assert model.wte.weight.shape == (64, 32) and "vocab_map" in model.state_dict()
@@ -42,7 +42,7 @@ def test_model_reads_gpt2_ids_through_the_map(model_type):
 @pytest.mark.parametrize("model_type", ["bert", "crossbert"])
 def test_flash_serves_training_and_encode(model_type):
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    model = MODELS[model_type](ModelConfig(n_layer=2, n_head=2, n_embd=128, block_size=128)).cuda()
+    model = MODELS[model_type](ModelConfig(model_type=model_type, n_layer=2, n_head=2, n_embd=128, block_size=128)).cuda()
     idx = torch.randint(0, 50257, (4, 128), device="cuda")
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION), torch.autocast("cuda", dtype=torch.bfloat16):
         model(idx)[1].backward()  # raises if the flash kernel cannot serve an attention call
