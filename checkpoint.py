@@ -19,18 +19,31 @@ def save_checkpoint(path, ckpt):
     os.replace(tmp, path)
 
 
-def load_checkpoint(path, device="cpu"):
-    """(model in eval mode, checkpoint dict) from a checkpoint file written by train.py."""
+def read_checkpoint(path, device="cpu"):
+    """The checkpoint dict at path, checked: a missing, empty, truncated or foreign file, or non-finite weights,
+    is a ValueError that names the problem and the fix."""
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: no such checkpoint; train one with `python train.py` or check the path")
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"{path} is empty (0 bytes): a copy or a disk went wrong; restore it or train again")
     try:
         ckpt = torch.load(path, map_location=device, weights_only=True)
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such checkpoint; train one with `python train.py` or check the path") from None
     except Exception as e:
-        raise ValueError(f"{path} is not a checkpoint written by train.py ({type(e).__name__}); "
+        raise ValueError(f"{path} is truncated or not a checkpoint written by train.py ({type(e).__name__}); "
                          "pass the ckpt.pt from a training run's out_dir") from None
     if not isinstance(ckpt, dict) or not {"model", "model_type", "model_args"} <= ckpt.keys():
         raise ValueError(f"{path} is not a checkpoint written by train.py (no model/model_type/model_args); "
                          "pass the ckpt.pt from a training run's out_dir")
+    bad = [k for k, v in ckpt["model"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad:
+        raise ValueError(f"{path} holds non-finite weights ({', '.join(bad[:3])}): it is corrupted or its run "
+                         "diverged; restore it or resume from an earlier checkpoint")
+    return ckpt
+
+
+def load_checkpoint(path, device="cpu"):
+    """(model in eval mode, checkpoint dict) from a checkpoint file written by train.py."""
+    ckpt = read_checkpoint(path, device)
     # older checkpoints have model_type at the top level only, not in model_args
     config = ModelConfig(**{**ckpt["model_args"], "model_type": ckpt["model_type"]})
     model = MODELS[config.model_type](config)

@@ -37,6 +37,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from configurator import fail
 from data.pairs import pair_stream
 from data.tasks import EvalError, read_beir, read_sts
 from features import add_model_args, features, load_model, mean_pool, pad, tokenize
@@ -189,12 +190,16 @@ def train(model, pooler, pairs, steps, batch_size, lr, backbone_lr, temperature,
     for step in range(steps):
         batch = list(itertools.islice(pairs, batch_size))
         if len(batch) < batch_size:
+            if step == 0:  # a pooler that never trained would be reported as one that did
+                raise EvalError(f"fewer pairs than one batch of {batch_size}; pass more pairs or a smaller --batch_size")
             print(f"the pairs ran out after {step} steps of {steps}", file=sys.stderr)
             break
         idx, mask = pad([a for a, _ in batch] + [b for _, b in batch], device)  # both sides in one forward
         h = model.encode(idx, mask)  # builds a graph through the backbone only when it is unfrozen
         z = pooler(h, mask)
         loss = info_nce(z[:batch_size], z[batch_size:], temperature)
+        if not torch.isfinite(loss):
+            raise EvalError(f"step {step + 1}: the InfoNCE loss is {loss.item()}; lower --lr or raise --temperature")
         scale = min((step + 1) / warmup, (steps - step) / (steps - warmup + 1))  # linear warmup, linear decay
         for g, base in zip(opt.param_groups, (lr, backbone_lr)):
             g["lr"] = base * scale
@@ -230,10 +235,12 @@ def main(argv=None):
         ap.error("nothing to evaluate: pass --sts=..., --beir=... and/or --mteb=...")
     if args.unfreeze and not args.pairs:
         ap.error("--unfreeze trains on pairs: pass --pairs=...")
+    if args.temperature <= 0 or args.steps < 1:
+        ap.error(f"--temperature must be > 0 (got {args.temperature}) and --steps at least 1 (got {args.steps})")
     try:
         run(args)
     except EvalError as e:
-        sys.exit(f"embed.py: error: {e}")
+        fail(str(e))
 
 
 def run(args):
@@ -246,8 +253,8 @@ def run(args):
         mteb_tasks = mteb_eval.get_tasks(args.mteb)
     model, info = load_model(args)
     model_type, cfg = info["model_type"], model.config
-    if args.pairs:  # a bad --pairs fails now, not after the zero-shot evaluation
-        next(pair_stream(args.pairs, args.seed, cfg.block_size))
+    if args.pairs and next(pair_stream(args.pairs, args.seed, cfg.block_size), None) is None:
+        raise EvalError(f"--pairs={args.pairs}: no pairs there")  # checked now, not after the zero-shot evaluation
     print(f"{model_type} {cfg.n_layer}x{cfg.n_embd}, {model.num_params() / 1e6:.1f}M params", file=sys.stderr)
 
     rows = []

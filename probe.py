@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from configurator import fail
 from data.tasks import GLUE, EvalError, load_task
 from features import add_model_args, features, load_model, tokenize
 
@@ -245,7 +246,7 @@ def main(argv=None):
     try:
         run(args)
     except EvalError as e:
-        sys.exit(f"probe.py: error: {e}")
+        fail(str(e))
 
 
 def run(args):

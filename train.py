@@ -239,14 +239,9 @@ if init_from == "resume":
     if not os.path.exists(ckpt_path):
         fail(f"init_from=resume: no checkpoint at {ckpt_path}; check out_dir or start with init_from=scratch")
     try:
-        ckpt = torch.load(ckpt_path, map_location=device, weights_only=True)
-        assert isinstance(ckpt, dict) and {"model", "optimizer", "model_type", "config"} <= ckpt.keys()
-    except Exception as e:  # empty, truncated or foreign: say so, not EOFError
-        fail(f"{ckpt_path} is empty, truncated or not a train.py checkpoint ({type(e).__name__}); "
-             f"restore it, or start over with --init_from=scratch --overwrite=True")
-    bad = [k for k, v in ckpt["model"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
-    if bad:
-        fail(f"{ckpt_path} holds non-finite weights ({', '.join(bad[:3])}); it is corrupted: restore it or start over")
+        ckpt = checkpoint.read_checkpoint(ckpt_path, device)
+    except ValueError as e:
+        fail(f"{e} (or start over: --init_from=scratch --overwrite=True)")
     if ckpt["model_type"] != model_type:
         fail(f"{ckpt_path} holds a {ckpt['model_type']} model but model_type={model_type}; "
                  f"pass --model_type={ckpt['model_type']} or use another out_dir")

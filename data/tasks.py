@@ -7,6 +7,7 @@ Bad input is an EvalError whose message names the file (and line), the problem a
 import csv
 import gzip
 import json
+import math
 import os
 from collections import namedtuple
 from pathlib import Path
@@ -75,11 +76,15 @@ def parses(kind, s):
         return False
 
 
+def finite(s):
+    return parses(float, s) and math.isfinite(float(s))
+
+
 def to_labels(raw, classes, path):
     """Class indices of raw label strings, or floats when classes is None (regression)."""
-    bad = [x for x in raw if (x not in classes if classes else not parses(float, x))]
+    bad = [x for x in raw if (x not in classes if classes else not finite(x))]
     if bad:
-        expected = f"one of {', '.join(classes)}" if classes else "a number"
+        expected = f"one of {', '.join(classes)}" if classes else "a finite number"
         raise EvalError(f"{path}: label {bad[0]!r} is not {expected}; fix the label column")
     return np.array([classes.index(x) for x in raw]) if classes else np.array([float(x) for x in raw])
 
@@ -122,12 +127,20 @@ def folder_task(folder):
     columns = ("sentence1", "sentence2", "label") if "sentence1" in tables["train"] else ("sentence", "label")
     data = {s: pick(tables[s], columns, paths[s]) for s in paths}
     labels = data["train"][1] + data["dev"][1]
+    numbers = [parses(float, x) for x in labels]
+    if any(numbers) and not all(numbers):  # one stray word must not turn a 0/1 task into a 3-class one
+        found = sorted(set(labels), key=lambda x: (not parses(float, x), x))
+        raise EvalError(f"{folder}: the labels mix numbers and words ({', '.join(found[:8])}); fix the stray "
+                        "labels, or use words for every class")
     if all(parses(int, x) for x in labels):
         classes = sorted(set(data["train"][1]), key=int)
-    elif all(parses(float, x) for x in labels):
+    elif all(numbers):
         classes = None
     else:
         classes = sorted(set(data["train"][1]))
+    if classes is not None and len(classes) < 2:  # any probe scores 100 on it: a meaningless number
+        raise EvalError(f"{paths['train']}: every label is {classes[0]!r}; a classification task needs at least "
+                        "two classes")
     metrics = ("pearson", "spearman") if classes is None else ("acc", "macro_f1") if len(classes) > 2 else ("acc",)
     return classes, metrics, {s: (texts, to_labels(raw, classes, paths[s])) for s, (texts, raw) in data.items()}
 

@@ -77,8 +77,7 @@ def test_checkpoint_is_never_replaced_silently(dataset, tmp_path):
     out = run([], dataset, out_dir)
     assert out.returncode == 2 and "already holds a checkpoint" in out.stderr and "--overwrite=True" in out.stderr
     assert (out_dir / "ckpt.pt").read_bytes() == b"precious"
-    for content, fragment in [(b"", "empty, truncated or not a train.py checkpoint"),
-                              (b"not a zip", "empty, truncated or not a train.py checkpoint")]:
+    for content, fragment in [(b"", "is empty (0 bytes)"), (b"not a zip", "is truncated or not a checkpoint")]:
         (out_dir / "ckpt.pt").write_bytes(content)
         out = run(["--init_from=resume"], dataset, out_dir)
         assert out.returncode == 2 and fragment in out.stderr and out.stderr.count("\n") == 1
@@ -140,3 +139,51 @@ def test_ctrl_c_names_the_checkpoint(dataset, tmp_path):
     assert proc.returncode != 0 and "Traceback" not in err
     assert f"train.py: interrupted at step" in err and f"--init_from=resume --out_dir={tmp_path}" in err
     assert (tmp_path / "ckpt.pt").exists() and not (tmp_path / "ckpt.pt.tmp").exists()
+
+
+def task_folder(root, name, labels):
+    d = root / name
+    d.mkdir()
+    for split in ("train", "dev"):
+        rows = ["sentence\tlabel"] + [f"sentence number {i}\t{y}" for i, y in enumerate(labels)]
+        (d / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+    return d
+
+
+@pytest.mark.parametrize("labels,message", [
+    (["1"] * 10, "every label is '1'; a classification task needs at least two classes"),
+    (["0.5", "nan", "1.5", "2.0"], "label 'nan' is not a finite number"),
+    (["0", "1"] * 5 + ["yes"], "the labels mix numbers and words (0, 1, yes)"),
+])
+def test_probe_refuses_meaningless_tasks(labels, message, tmp_path):
+    task = task_folder(tmp_path, "task", labels)
+    out = subprocess.run([sys.executable, "probe.py", "--ckpt=random", "--n_layer=1", "--n_embd=32", "--n_head=2",
+                          f"--tasks={task}"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and out.stderr.startswith("probe.py: error: ") and message in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--temperature=0"], "--temperature must be > 0"),
+    (["--pairs=EMPTY"], "no pairs there"),
+    (["--pairs=FEW"], "fewer pairs than one batch of 64"),
+])
+def test_embed_refuses_meaningless_training(args, message, tmp_path, shared_dir):
+    (tmp_path / "empty.tsv").write_text("")
+    (tmp_path / "few.tsv").write_text("".join(f"a{i}\tb{i}\n" for i in range(10)))
+    args = [a.replace("EMPTY", str(tmp_path / "empty.tsv")).replace("FEW", str(tmp_path / "few.tsv")) for a in args]
+    out = subprocess.run([sys.executable, "embed.py", "--ckpt=random", "--n_layer=1", "--n_embd=32", "--n_head=2",
+                          f"--sts={shared_dir / 'glue' / 'STS-B'}", *args], cwd=ROOT, env=ENV, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 2 and message in out.stderr, out.stderr
+
+
+def test_non_finite_weights_are_caught_at_load(tmp_path):
+    import torch
+    from checkpoint import load_checkpoint, save_checkpoint
+    from model import CrossBERT, ModelConfig
+    model = CrossBERT(ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64, mask_token_id=62))
+    state = model.state_dict()
+    state["blocks.0.mlp.fc.weight"][0, 0] = float("inf")  # one flipped exponent
+    save_checkpoint(tmp_path / "ckpt.pt", dict(model=state, model_type="crossbert", model_args=vars(model.config)))
+    with pytest.raises(ValueError, match="non-finite weights \\(blocks.0.mlp.fc.weight\\)"):
+        load_checkpoint(tmp_path / "ckpt.pt")
