@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 
-def fail(message):
+def fail(message, script=None):
     """Bad input ends in one line, `<script>: error: <what and how to fix>`, and exit status 2: no traceback."""
-    print(f"{os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
+    print(f"{script or os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
     sys.exit(2)
 
 

@@ -240,7 +240,7 @@ def main(argv=None):
     try:
         run(args)
     except EvalError as e:
-        fail(str(e))
+        fail(str(e), "embed.py")
 
 
 def run(args):

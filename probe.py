@@ -246,7 +246,7 @@ def main(argv=None):
     try:
         run(args)
     except EvalError as e:
-        fail(str(e))
+        fail(str(e), "probe.py")
 
 
 def run(args):

@@ -1,4 +1,6 @@
+import contextlib
 import gzip
+import io
 import json
 import math
 
@@ -167,10 +169,10 @@ def test_sts_readers(tmp_path):
 
 @pytest.mark.parametrize("layout, text, message", [  # the GLUE tasks' TSV reader reads both layouts
     ("glue", "index\tsentence1\tsentence2\tscore\n0\ta\tb\t1\n1\ta\tb\n", ":3: 3 tab-separated fields.*fix"),
-    ("glue", "index\tsentence1\tsentence2\tscore\n0\ta\tb\tfive\n", ": label 'five' is not a number; fix"),
+    ("glue", "index\tsentence1\tsentence2\tscore\n0\ta\tb\tfive\n", ": label 'five' is not a finite number; fix"),
     ("glue", "index\ts1\ts2\tlabel\n0\ta\tb\t1\n", " has no column 'sentence1'.*rename"),
     ("semeval", "1\ta\tb\n2\ta b\n", ":2: 2 tab-separated fields.*fix"),
-    ("semeval", "1\ta\tb\n\nn/a\ta\tb\n", ": label 'n/a' is not a number; fix"),
+    ("semeval", "1\ta\tb\n\nn/a\ta\tb\n", ": label 'n/a' is not a finite number; fix"),
 ])
 def test_sts_readers_reject_malformed_files(tmp_path, layout, text, message):
     path = tmp_path / ("dev.tsv" if layout == "glue" else "sts.tsv")
@@ -265,7 +267,9 @@ def test_zero_shot_sts_is_the_spearman_of_mean_pooled_cosines(tmp_path):
 def test_command_line_errors_are_one_line(tmp_path, flag, needles):
     (tmp_path / "sts.tsv").write_text("1\ta\tb\n2\tc\td\n")
     args = ["--ckpt=random", *[f"--{k}={v}" for k, v in TINY.items()], f"--sts={tmp_path / 'sts.tsv'}", flag]
-    with pytest.raises(SystemExit) as e:
+    err = io.StringIO()
+    with pytest.raises(SystemExit) as e, contextlib.redirect_stderr(err):
         embed.main(args)
-    msg = str(e.value.code)
+    msg = err.getvalue().rstrip("\n")
+    assert e.value.code == 2
     assert msg.startswith("embed.py: error: ") and "\n" not in msg and all(n in msg for n in needles), msg

@@ -1,3 +1,5 @@
+import contextlib
+import io
 import json
 import math
 import subprocess
@@ -144,9 +146,11 @@ def test_local_glue_row_counts(shared_dir):
 # ---------------------------------------------------------------- bad input
 
 def fails(args, *needles):
-    with pytest.raises(SystemExit) as e:
+    err = io.StringIO()
+    with pytest.raises(SystemExit) as e, contextlib.redirect_stderr(err):
         probe.main(args)
-    msg = str(e.value.code)
+    msg = err.getvalue().rstrip("\n")
+    assert e.value.code == 2
     assert msg.startswith("probe.py: error:") and "\n" not in msg and all(n in msg for n in needles), msg
 
 
