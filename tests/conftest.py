@@ -1,3 +1,5 @@
+import contextlib
+import io
 import sys
 from pathlib import Path
 
@@ -16,3 +18,13 @@ def shared_dir():
     if not SHARED.is_dir():
         pytest.skip("../shared is not available")
     return SHARED
+
+
+def assert_one_line_error(main, args, script, *needles):
+    """main(args) must stop with exit status 2 and one line `<script>: error: ...` holding every needle."""
+    err = io.StringIO()
+    with pytest.raises(SystemExit) as e, contextlib.redirect_stderr(err):
+        main(args)
+    msg = err.getvalue().rstrip("\n")
+    assert e.value.code == 2 and msg.startswith(f"{script}: error: ") and "\n" not in msg, msg
+    assert all(n in msg for n in needles), msg

@@ -1,6 +1,4 @@
-import contextlib
 import gzip
-import io
 import json
 import math
 
@@ -9,6 +7,7 @@ import pytest
 import torch
 
 import embed
+from conftest import assert_one_line_error
 from data.pairs import crop_pairs, pair_stream, text_pairs
 from data.tasks import read_beir, read_sts
 from data.tokenizer import decode, encode
@@ -267,9 +266,4 @@ def test_zero_shot_sts_is_the_spearman_of_mean_pooled_cosines(tmp_path):
 def test_command_line_errors_are_one_line(tmp_path, flag, needles):
     (tmp_path / "sts.tsv").write_text("1\ta\tb\n2\tc\td\n")
     args = ["--ckpt=random", *[f"--{k}={v}" for k, v in TINY.items()], f"--sts={tmp_path / 'sts.tsv'}", flag]
-    err = io.StringIO()
-    with pytest.raises(SystemExit) as e, contextlib.redirect_stderr(err):
-        embed.main(args)
-    msg = err.getvalue().rstrip("\n")
-    assert e.value.code == 2
-    assert msg.startswith("embed.py: error: ") and "\n" not in msg and all(n in msg for n in needles), msg
+    assert_one_line_error(embed.main, args, "embed.py", *needles)

@@ -1,5 +1,3 @@
-import contextlib
-import io
 import json
 import math
 import subprocess
@@ -10,6 +8,7 @@ import pytest
 import torch
 
 import probe
+from conftest import assert_one_line_error
 from data.tasks import load_task
 from model import CrossBERT, ModelConfig
 
@@ -146,12 +145,7 @@ def test_local_glue_row_counts(shared_dir):
 # ---------------------------------------------------------------- bad input
 
 def fails(args, *needles):
-    err = io.StringIO()
-    with pytest.raises(SystemExit) as e, contextlib.redirect_stderr(err):
-        probe.main(args)
-    msg = err.getvalue().rstrip("\n")
-    assert e.value.code == 2
-    assert msg.startswith("probe.py: error:") and "\n" not in msg and all(n in msg for n in needles), msg
+    assert_one_line_error(probe.main, args, "probe.py", *needles)
 
 
 def test_bad_input_gives_clear_errors(tmp_path):
