@@ -47,9 +47,9 @@ PRESETS = {
         tokens_per_param=20,
         anchor=(1.6e13, 2e-3, 2048),           # (F0, lr0, batch0 tokens)
         ablation_size=1,                       # index into sizes
-        flops_per_s=1.4e11,                    # achieved training FLOP/s on 2 CPU cores (bf16), for the time estimate,
-        step_s=0.04,                           # + a fixed cost per step (small models are overhead-bound on CPUs)
-        overhead_s=60,                         # + per run: compilation, validation, probing
+        flops_per_s=1.5e11,                    # achieved training FLOP/s on 2 CPU cores (bf16), for the time estimate,
+        step_s=0.05,                           # + a fixed cost per step (small models are overhead-bound on CPUs)
+        overhead_s=75,                         # + per run: compilation, validation, probing
         probe_max_train=2000, eval_interval=100, nproc=1,
     ),
     "gpu": dict(
