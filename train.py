@@ -129,7 +129,7 @@ if total_batch_size % block_size or rows_per_step % world_size or not rows_per_s
     quantum = block_size * world_size
     lo = max(quantum, total_batch_size // quantum * quantum)
     fail(f"total_batch_size={total_batch_size} must be a multiple of block_size x processes = {block_size} x "
-             f"{world_size} = {quantum}; the nearest values that work are {lo} and {lo + quantum}")
+         f"{world_size} = {quantum}; the nearest values that work are {lo} and {lo + quantum}")
 rows_per_process = rows_per_step // world_size
 micro_batch = max(b for b in range(1, min(batch_size, rows_per_process) + 1) if rows_per_process % b == 0)
 grad_accum = rows_per_process // micro_batch  # micro-steps per process per optimizer step
