@@ -75,6 +75,7 @@ settings = dict(
     glue_dir="../shared/glue",
     sts="../shared/glue/STS-B",               # zero-shot STS (embed.py); "" = skip
     nproc=0,                  # processes per run (torchrun); 0 = the preset's
+    random_seeds=3,           # random-init twins per main run: their spread says how much a difference means
     compile=True,
 )
 
@@ -230,10 +231,15 @@ def plots(results, out_dir):
         for fam in ("bert", "crossbert"):
             rs = sorted((r for r in main if r["model_type"] == fam and key in r["scores"]), key=lambda r: r["flops"])
             ax.plot([r["flops"] for r in rs], [r["scores"][key] for r in rs], "o-", color=colors[fam], label=fam)
-            base = sorted((r for r in results if r["axis"] == "random" and r["model_type"] == fam
-                           and key in r["scores"]), key=lambda r: r["size_flops"])
-            ax.plot([r["size_flops"] for r in base], [r["scores"][key] for r in base], "x--", color=colors[fam],
-                    alpha=0.6, label=f"{fam} random init")
+            seeds = {}  # the random-init twins of each size: their mean, and their range as an error bar
+            for r in results:
+                if r["axis"] == "random" and r["model_type"] == fam and key in r["scores"]:
+                    seeds.setdefault(r["size_flops"], []).append(r["scores"][key])
+            xs = sorted(seeds)
+            mean = [sum(seeds[x]) / len(seeds[x]) for x in xs]
+            spread = [[m - min(seeds[x]) for m, x in zip(mean, xs)], [max(seeds[x]) - m for m, x in zip(mean, xs)]]
+            ax.errorbar(xs, mean, yerr=spread, fmt="x--", color=colors[fam], alpha=0.6, capsize=3,
+                        label=f"{fam} random init (mean, range)")
         ax.set(xscale="log", xlabel="training FLOPs", title=title)
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -337,12 +343,14 @@ def main(argv):
             print(f"sweep: {name}: val loss {r['val_loss']:.3f} (unigram {r['unigram_loss']:.3f}), "
                   f"linear {r['scores']['linear_avg']:.1f}, kNN {r['scores']['knn_avg']:.1f} "
                   f"[{r['train_s']:.0f} s training, {r['probe_s']:.0f} s probing]", flush=True)
-        twin = f"random-{rs['model_type']}-{rs['n_layer']}x{rs['n_embd']}"
-        if axis == "main" and twin not in finished | {r["name"] for r in results}:
+        for seed in range(s["random_seeds"] if axis == "main" else 0):
+            twin = f"random-{rs['model_type']}-{rs['n_layer']}x{rs['n_embd']}" + (f"-s{seed}" if seed else "")
+            if twin in finished | {r["name"] for r in results}:
+                continue
             model, _ = load_checkpoint(os.path.join(run_dir, "ckpt.pt"))
             r = dict(name=twin, axis="random", model_type=rs["model_type"], settings=rs, params=model.num_params(),
                      flops=0, size_flops=rs["max_flops"], tokens=0, steps=0, val_loss=None, unigram_loss=None,
-                     scores=evaluate(random_twin(model), tasks, s["glue_dir"], sts, p["probe_max_train"]), log=[])
+                     scores=evaluate(random_twin(model, seed), tasks, s["glue_dir"], sts, p["probe_max_train"]), log=[])
             record(r)
             print(f"sweep: {twin}: linear {r['scores']['linear_avg']:.1f}, kNN {r['scores']['knn_avg']:.1f}", flush=True)
 

@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 import sweep
 
@@ -64,12 +65,17 @@ def test_sweep_runs_probes_and_resumes(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     out = tmp_path / "sw"
     argv = ["--preset=tiny", f"--out_dir={out}", "--axes=main", f"--tasks={task}", "--glue_dir=", "--sts=",
-            "--compile=False"]
+            "--compile=False", "--random_seeds=2"]
     sweep.main(argv)
     results = [json.loads(x) for x in open(out / "results.jsonl")]
     names = [r["name"] for r in results]
-    assert names == ["bert-1x32", "random-bert-1x32", "crossbert-1x32", "random-crossbert-1x32"]
-    bert, cross = results[0], results[2]
+    assert names == ["bert-1x32", "random-bert-1x32", "random-bert-1x32-s1", "crossbert-1x32", "random-crossbert-1x32",
+                     "random-crossbert-1x32-s1"]
+    model = sweep.load_checkpoint(out / "bert-1x32" / "ckpt.pt")[0]
+    a, b = sweep.random_twin(model, 0), sweep.random_twin(model, 1)  # same shape and vocabulary map, new weights
+    assert torch.equal(a.vocab_map, model.vocab_map) and not torch.equal(a.wte.weight, b.wte.weight)
+    assert not torch.equal(a.wte.weight, model.wte.weight)
+    bert, cross = results[0], results[3]
     assert bert["flops"] <= 2e9 and cross["flops"] <= 2e9 and abs(bert["flops"] - cross["flops"]) / 2e9 < 0.25
     assert bert["steps"] > 0 and bert["unigram_loss"] > 0 and 0 <= bert["scores"]["linear_avg"] <= 100
     assert (out / "results.md").read_text().count("\n") == 2 + len(results)
