@@ -241,15 +241,18 @@ def plots(results, out_dir):
             ax.errorbar(xs, mean, yerr=spread, fmt="x--", color=colors[fam], alpha=0.6, capsize=3,
                         label=f"{fam} random init (mean, range)")
         ax.set(xscale="log", xlabel="training FLOPs", title=title)
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decades only: no overlapping labels
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "probe_vs_flops.png"), dpi=120)
     written.append("probe_vs_flops.png")
 
     fig, ax = plt.subplots(figsize=(6, 4.2))
-    for r in main:
+    budgets = sorted({r["settings"]["max_flops"] for r in main})
+    for r in main:  # colour: the family; line style: the size
         curve = [(x["flops"], x["val_loss"]) for x in r["log"] if "val_loss" in x and x["flops"]]
-        ax.plot(*zip(*curve), color=colors[r["model_type"]], alpha=0.8, label=r["name"])
+        style = ("-", "--", "-.", ":")[(len(budgets) - 1 - budgets.index(r["settings"]["max_flops"])) % 4]
+        ax.plot(*zip(*curve), style, color=colors[r["model_type"]], alpha=0.8, label=r["name"])
         ax.axhline(r["unigram_loss"], color="gray", ls=":", lw=0.8)
     ax.set(xscale="log", xlabel="training FLOPs", ylabel="val masked-token loss (nats)",
            title="val loss (dotted: unigram baseline)")
