@@ -12,6 +12,7 @@ Resume a run from its out_dir:
 
 Settings are the globals below; config/*.py files and --key=value arguments override them.
 """
+import gc
 import json
 import math
 import os
@@ -455,6 +456,11 @@ while True:
         t_log, steps_since_log = time.perf_counter(), 0
 
 log(f"done: {step} steps, {tokens_seen:,} tokens, {flops_seen:.2e} FLOPs; checkpoint at {ckpt_path}")
-if ddp:  # leave together: a process that tears down gloo while another still talks to it aborts at exit
+if ddp:
+    # free what holds the process group (DDP/FSDP state, the optimizer) while the interpreter is alive, then leave
+    # together: a gloo group left for interpreter exit to destroy can abort with "terminate called without an
+    # active exception" after the run has finished
+    del model, raw_model, optimizer
+    gc.collect()
     dist.barrier()
     dist.destroy_process_group()
