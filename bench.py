@@ -46,10 +46,7 @@ def bench(model_type, s, device, autocast):
     idx = torch.randint(0, 50257, (B, T), device=device)
     gen = torch.Generator(device).manual_seed(s["seed"])
 
-    views = make_views(B, T, cfg.mask_ratio, cfg.cms, generator=gen)
-
     def step():
-        nonlocal views
         views = make_views(B, T, cfg.mask_ratio, cfg.cms, generator=gen)
         with autocast:
             _, loss = step_fn(idx, views)
@@ -69,15 +66,15 @@ def bench(model_type, s, device, autocast):
     dt = (time.perf_counter() - t0) / s["steps"]
     V, _, _ = view_shape(T, cfg.mask_ratio, cfg.cms)
     if s["flash_check"]:
-        flash_check(model, idx, views, autocast)
+        flash_check(model, idx, autocast)
     return cfg, B * T / dt, B * V * T / dt, training_flops(cfg, model_type, B) / dt
 
 
-def flash_check(model, idx, views, autocast):
+def flash_check(model, idx, autocast):
     """One training step and one encode() with only FlashAttention allowed: SDPA raises if it cannot serve them."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION), autocast:
-        model(idx, views)[1].backward()
+        model(idx)[1].backward()  # views sampled inside, as in training
         with torch.no_grad():
             model.encode(idx)
 

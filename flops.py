@@ -47,6 +47,11 @@ def training_flops(config, model_type, batch_size=1):
     return 3 * batch_size * forward_flops(config, model_type)
 
 
+def budget_steps(max_flops, flops_per_step):
+    """The steps a training-FLOP budget buys: the most that fit in it (at least one)."""
+    return max(1, int(max_flops // flops_per_step))
+
+
 def flops_per_position(config, model_type):
     """Training FLOPs per sequence position covered (rows x views x block_size): what tokens/s counts."""
     V, _, _ = view_shape(config.block_size, config.mask_ratio, config.cms)

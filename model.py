@@ -50,7 +50,8 @@ class ModelConfig:
     dropout: float = 0.0
     init_std: float = 0.02          # the paper lowered it to stabilise its largest model
     rope_base: float = 10000.0
-    mask_token_id: int = 50257
+    mask_token_id: int | None = None  # <mask>'s row; None: GPT-2's 50257, or vocab_size - 2 in a compact
+                                      # vocabulary (the layout of data/tokenizer.compact_vocab)
     mask_ratio: float | None = None # None: BERT 0.2, CrossBERT 0.5
     cms: bool | None = None         # complementary views; None: BERT off, CrossBERT on
     pred_layer: int | None = None   # CrossBERT's predictor depth; None: max(1, n_layer // 4)
@@ -60,6 +61,8 @@ class ModelConfig:
         if self.model_type not in ("bert", "crossbert"):
             raise ValueError(f"model_type={self.model_type!r}: expected bert or crossbert")
         bert = self.model_type == "bert"
+        if self.mask_token_id is None:
+            self.mask_token_id = 50257 if self.vocab_size >= self.token_ids else self.vocab_size - 2
         if self.mask_ratio is None:
             self.mask_ratio = 0.2 if bert else 0.5
         if self.cms is None:

@@ -30,7 +30,7 @@ import time
 import torch
 
 from configurator import configure, fail
-from flops import param_counts, training_flops
+from flops import budget_steps, param_counts, training_flops
 from checkpoint import load_checkpoint
 from model import ModelConfig
 
@@ -102,7 +102,7 @@ def model_config(s):
     """The ModelConfig that train.py builds from run settings s."""
     args = dict(n_layer=s["n_layer"], n_embd=s["n_embd"], n_head=s["n_head"], block_size=s["block_size"])
     if s.get("vocab_size"):
-        args.update(vocab_size=s["vocab_size"], mask_token_id=s["vocab_size"] - 2)
+        args.update(vocab_size=s["vocab_size"])
     for k in ("mask_ratio", "cms", "pred_layer"):
         if k in s:
             args[k] = s[k]
@@ -113,7 +113,7 @@ def steps_for(s):
     """How many steps train.py will take: the most that fit in max_flops, or max_iters."""
     rows = s["total_batch_size"] // s["block_size"]
     per_step = training_flops(model_config(s), s["model_type"], rows)
-    return max(1, int(s["max_flops"] // per_step)) if s.get("max_flops") else s["max_iters"], per_step
+    return budget_steps(s["max_flops"], per_step) if s.get("max_flops") else s["max_iters"], per_step
 
 
 def plan(p, axes):
@@ -307,28 +307,31 @@ def main(argv):
     if s["dry_run"]:
         return
 
+    if s["glue_dir"] and not os.path.isdir(s["glue_dir"]):
+        fail(f"--glue_dir={s['glue_dir']} is not a folder; pass a GLUE folder (TASK/train.tsv, dev.tsv), "
+             "or --glue_dir= (empty) to load GLUE from the hub, or --tasks= with your own task folders")
+    if s["sts"] and not os.path.exists(s["sts"]):
+        fail(f"--sts={s['sts']} does not exist; pass STS-B's folder, or --sts= (empty) to skip zero-shot STS")
+    tasks, sts = s["tasks"], s["sts"]
+
     os.makedirs(out_dir, exist_ok=True)
     results_path = os.path.join(out_dir, "results.jsonl")
     results = []
     if os.path.exists(results_path):
         with open(results_path) as f:
             results = [json.loads(line) for line in f]
-    finished = {r["name"] for r in results}
-    if s["glue_dir"] and not os.path.isdir(s["glue_dir"]):
-        fail(f"--glue_dir={s['glue_dir']} is not a folder; pass a GLUE folder (TASK/train.tsv, dev.tsv), "
-                 "or --glue_dir= (empty) to load GLUE from the hub, or --tasks= with your own task folders")
-    if s["sts"] and not os.path.exists(s["sts"]):
-        fail(f"--sts={s['sts']} does not exist; pass STS-B's folder, or --sts= (empty) to skip zero-shot STS")
-    tasks, sts = s["tasks"], s["sts"]
+    done = {r["name"] for r in results}
 
     def record(r):
         results.append(r)
+        done.add(r["name"])
         with open(results_path, "a") as f:
             f.write(json.dumps(r) + "\n")
 
     for name, axis, rs in runs:
         run_dir = os.path.join(out_dir, name)
-        if name not in finished:
+        model = None  # this run's checkpoint, loaded once for its probes and its random twins
+        if name not in done:
             t0 = time.time()
             print(f"sweep: training {name} ...", flush=True)
             train(name, {**rs, **extra}, run_dir, p["nproc"], s["compile"])
@@ -340,7 +343,7 @@ def main(argv):
                      flops=ckpt["flops"], tokens=ckpt["tokens"], steps=ckpt["step"], val_loss=vals[-1]["val_loss"],
                      unigram_loss=next(x["unigram_loss"] for x in log if "unigram_loss" in x),
                      scores=evaluate(model, tasks, s["glue_dir"], sts, p["probe_max_train"]),
-                     log=[x for x in log if "val_loss" in x], train_s=round(t1 - t0, 1),
+                     log=vals, train_s=round(t1 - t0, 1),
                      probe_s=round(time.time() - t1, 1))
             record(r)
             print(f"sweep: {name}: val loss {r['val_loss']:.3f} (unigram {r['unigram_loss']:.3f}), "
@@ -348,9 +351,10 @@ def main(argv):
                   f"[{r['train_s']:.0f} s training, {r['probe_s']:.0f} s probing]", flush=True)
         for seed in range(s["random_seeds"] if axis == "main" else 0):
             twin = f"random-{rs['model_type']}-{rs['n_layer']}x{rs['n_embd']}" + (f"-s{seed}" if seed else "")
-            if twin in finished | {r["name"] for r in results}:
+            if twin in done:
                 continue
-            model, _ = load_checkpoint(os.path.join(run_dir, "ckpt.pt"))
+            if model is None:
+                model, _ = load_checkpoint(os.path.join(run_dir, "ckpt.pt"))
             r = dict(name=twin, axis="random", model_type=rs["model_type"], settings=rs, params=model.num_params(),
                      flops=0, size_flops=rs["max_flops"], tokens=0, steps=0, val_loss=None, unigram_loss=None,
                      scores=evaluate(random_twin(model, seed), tasks, s["glue_dir"], sts, p["probe_max_train"]), log=[])

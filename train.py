@@ -32,7 +32,7 @@ import checkpoint
 from configurator import configure, fail
 from data.loader import TokenWindows, unigram_loss
 from data.tokenizer import VOCAB_SIZE, compact_vocab
-from flops import fastest_dtype, peak_flops, training_flops
+from flops import budget_steps, fastest_dtype, peak_flops, training_flops
 from masking import Views, make_views, view_shape
 from model import MODELS, ModelConfig
 
@@ -165,7 +165,7 @@ try:
     windows = {split: TokenWindows(os.path.join(data_dir, f"{split}.bin"), block_size) for split in ("train", "val")}
 except (FileNotFoundError, ValueError) as e:
     fail(f"{e} (prepare it with data/<corpus>/prepare.py --out_dir={data_dir})")
-counts = {split: w.counts() for split, w in windows.items()}
+counts = {split: w.counts for split, w in windows.items()}
 vocab_map = compact_vocab(counts["train"], vocab_size) if vocab_size else None
 if vocab_map is not None:  # token counts in the model's own ids, for the unigram baseline
     counts = {split: np.bincount(vocab_map, weights=c, minlength=vocab_size) for split, c in counts.items()}
@@ -175,8 +175,8 @@ unigram = unigram_loss(counts["train"], counts["val"])
 
 model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, dropout=dropout,
                   init_std=init_std, random_replace=random_replace, pred_layer=pred_layer, mask_ratio=mask_ratio, cms=cms)
-if vocab_size:
-    model_args.update(vocab_size=vocab_size, mask_token_id=vocab_size - 2)
+if vocab_size:  # <mask> then sits at vocab_size - 2 (see ModelConfig)
+    model_args.update(vocab_size=vocab_size)
 try:
     model = MODELS[model_type](ModelConfig(model_type=model_type, **model_args))
     config = model.config  # with the model's defaults filled in
@@ -245,16 +245,16 @@ if init_from == "resume":
         fail(f"{e} (or start over: --init_from=scratch --overwrite=True)")
     if ckpt["model_type"] != model_type:
         fail(f"{ckpt_path} holds a {ckpt['model_type']} model but model_type={model_type}; "
-                 f"pass --model_type={ckpt['model_type']} or use another out_dir")
+             f"pass --model_type={ckpt['model_type']} or use another out_dir")
     now = asdict(config)
     diff = {k: (v, now.get(k)) for k, v in ckpt["model_args"].items() if now.get(k) != v}
     if diff:
         fail(f"{ckpt_path} was trained with a different model config (checkpoint vs now): {diff}; "
-                 f"pass the checkpoint's settings or use another out_dir")
+             f"pass the checkpoint's settings or use another out_dir")
     diff = {k: (v, settings.get(k)) for k, v in ckpt["config"].items() if k not in RESUMABLE and settings.get(k) != v}
     if diff:
         fail(f"{ckpt_path} was trained with different settings (checkpoint vs now): {diff}; a resumed run "
-                 f"continues exactly only with the same ones: pass them, or use another out_dir")
+             f"continues exactly only with the same ones: pass them, or use another out_dir")
     set_model_state_dict(model, ckpt["model"], options=FULL)
     set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=FULL)
     step, tokens_seen, flops_seen, best_val_loss = ckpt["step"], ckpt["tokens"], ckpt["flops"], ckpt["best_val_loss"]
@@ -271,7 +271,7 @@ if ddp and not fsdp:  # the only buffers are the RoPE tables and the vocabulary 
 
 flops_per_step = training_flops(config, model_type, rows_per_step)  # all processes together
 if max_flops:  # a compute budget: the most steps that fit in it, and the LR schedule follows
-    max_iters = max(1, int(max_flops // flops_per_step))
+    max_iters = budget_steps(max_flops, flops_per_step)
 tokens_per_step = rows_per_step * block_size               # input tokens: unique data
 positions_per_step = rows_per_step * n_views * block_size  # view positions: what complementary masking multiplies
 peak = peak_flops(torch.device(device), getattr(torch, dtype)) * world_size  # every device's peak
@@ -320,7 +320,6 @@ def save_checkpoint():
     optim_state = get_optimizer_state_dict(raw_model, optimizer, options=FULL)
     if not master:
         return
-    os.makedirs(out_dir, exist_ok=True)
     ckpt = {"model": state, "optimizer": optim_state, "model_type": model_type,
             "model_args": asdict(config), "config": settings, "step": step, "tokens": tokens_seen,
             "flops": flops_seen, "best_val_loss": best_val_loss, "rng": rng}

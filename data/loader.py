@@ -35,11 +35,15 @@ class TokenWindows:
         if len(self.tokens) < block_size + 1:
             raise ValueError(f"{path} has {len(self.tokens):,} tokens, fewer than block_size + 1 = {block_size + 1}; "
                              f"use a smaller block_size or more text ({FIX})")
-        for i in range(0, len(self.tokens), 1 << 24):  # in chunks of 32 MB, so a huge file never sits in memory
-            top = int(self.tokens[i:i + (1 << 24)].max())
-            if top >= vocab_size:
-                raise ValueError(f"{path} holds token id {top} >= vocab_size {vocab_size}: it was written by another "
-                                 f"tokenizer or is corrupted; {FIX}")
+        # one pass, in chunks of 32 MB so a huge file never sits in memory: how often each id occurs (for the
+        # unigram baseline and a compact vocabulary), which also shows the largest id
+        self.counts = np.zeros(vocab_size, dtype=np.int64)
+        for i in range(0, len(self.tokens), 1 << 24):
+            chunk = np.bincount(self.tokens[i:i + (1 << 24)])  # its length is the chunk's largest id + 1
+            if len(chunk) > vocab_size:
+                raise ValueError(f"{path} holds token id {len(chunk) - 1} >= vocab_size {vocab_size}: it was written "
+                                 f"by another tokenizer or is corrupted; {FIX}")
+            self.counts[:len(chunk)] += chunk
         self.path, self.block_size = path, block_size
 
     def sample(self, batch_size, seed, rows=slice(None)):
@@ -49,13 +53,6 @@ class TokenWindows:
         """
         starts = np.random.default_rng(seed).integers(0, len(self.tokens) - self.block_size + 1, size=batch_size)
         return torch.from_numpy(np.stack([self.tokens[s:s + self.block_size] for s in starts[rows]]).astype(np.int64))
-
-    def counts(self, minlength=VOCAB_SIZE):
-        """How often each token id occurs in the file."""
-        total = np.zeros(minlength, dtype=np.int64)
-        for i in range(0, len(self.tokens), 1 << 24):
-            total += np.bincount(self.tokens[i:i + (1 << 24)], minlength=minlength)[:minlength]
-        return total
 
 
 def unigram_loss(train_counts, val_counts):

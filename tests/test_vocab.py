@@ -26,6 +26,8 @@ def test_model_reads_gpt2_ids_through_the_map(model_type):
                                            mask_token_id=62)).eval()
     model.vocab_map.copy_(torch.from_numpy(compact_vocab(counts, 64)))
     assert model.wte.weight.shape == (64, 32) and "vocab_map" in model.state_dict()
+    # <mask> defaults to GPT-2's id, or to the compact layout's vocab_size - 2
+    assert ModelConfig().mask_token_id == 50257 and ModelConfig(vocab_size=64).mask_token_id == 62
     idx = torch.randint(0, 61, (2, 16))
     rare = idx.clone()
     rare[:, 3] = 30000  # two different rare ids read as the same <unk>
