@@ -1,5 +1,5 @@
 """
-Times full training steps (forward, backward, optimizer step) of BERT and CrossBERT
+Times full training steps (forward, backward, optimizer step) of BERT, CrossBERT and ELECTRA
 with the same encoder, on synthetic tokens, and compares them with the analytic FLOPs.
 
     python bench.py                                   # mid-size: 8 layers x 512, 256 tokens, compiled
@@ -25,6 +25,7 @@ from model import MODELS, ModelConfig
 
 settings = dict(
     n_layer=8, n_head=8, n_embd=512, block_size=256,
+    gen_width=0.25,         # ELECTRA's generator, a fraction of n_embd
     batch_size=8,           # input rows per step (CrossBERT's CMS makes 2 views of each)
     steps=3, warmup=3,      # timed steps, after untimed ones (compilation and first-touch allocation happen there)
     device="cuda" if torch.cuda.is_available() else "cpu",
@@ -35,10 +36,14 @@ settings = dict(
 )
 
 
+def model_config(model_type, s):
+    return ModelConfig(model_type=model_type, n_layer=s["n_layer"], n_head=s["n_head"], n_embd=s["n_embd"],
+                       block_size=s["block_size"], gen_width=s["gen_width"])
+
+
 def bench(model_type, s, device, autocast):
     torch.manual_seed(s["seed"])
-    model = MODELS[model_type](ModelConfig(model_type=model_type, n_layer=s["n_layer"], n_head=s["n_head"],
-                                           n_embd=s["n_embd"], block_size=s["block_size"])).to(device)
+    model = MODELS[model_type](model_config(model_type, s)).to(device)
     cfg = model.config
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.type)
     step_fn = torch.compile(model) if s["compile"] else model
@@ -48,8 +53,10 @@ def bench(model_type, s, device, autocast):
 
     def step():
         views = make_views(B, T, cfg.mask_ratio, cfg.cms, generator=gen)
+        # ELECTRA also takes the uniforms that pick its generator's samples
+        extra = [torch.rand(views.target_pos.shape, generator=gen, device=device)] if model_type == "electra" else []
         with autocast:
-            _, loss = step_fn(idx, views)
+            _, loss = step_fn(idx, views, *extra)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -84,6 +91,10 @@ def main():
     device = torch.device(s["device"])
     if s["flash_check"] and device.type != "cuda":
         fail("--flash_check needs a CUDA device: FlashAttention is a GPU kernel")
+    try:
+        model_config("electra", s)
+    except ValueError as e:  # e.g. a generator width that is not a whole number of heads
+        fail(str(e))
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[s["dtype"]]
     autocast = nullcontext() if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
     peak = peak_flops(device, dtype)
@@ -91,7 +102,7 @@ def main():
           f"{' (measured with a matmul)' if device.type == 'cpu' else ''}")
     result = {}
     out = {}
-    for model_type in ("bert", "crossbert"):
+    for model_type in ("bert", "crossbert", "electra"):
         cfg, input_tps, view_tps, flops_per_s = bench(model_type, s, device, autocast)
         result[model_type] = cfg
         out.update({f"{model_type}_input_tokens_per_s": round(input_tps, 1),
@@ -102,9 +113,14 @@ def main():
     bert_cfg, cross_cfg = result["bert"], result["crossbert"]
     speedup = out["crossbert_view_positions_per_s"] / out["bert_view_positions_per_s"]
     flops_ratio = flops_per_position(bert_cfg, "bert") / flops_per_position(cross_cfg, "crossbert")
+    # ELECTRA has one view per row: its view positions are its input tokens
+    electra = out["electra_input_tokens_per_s"] / out["bert_input_tokens_per_s"]
+    electra_flops = flops_per_position(result["electra"], "electra") / flops_per_position(bert_cfg, "bert")
     print(f"CrossBERT / BERT view positions/s {speedup:.2f}x; analytic FLOPs per view position BERT / CrossBERT "
           f"{flops_ratio:.2f}x" + ("; flash served every attention" if s["flash_check"] else ""))
-    print(json.dumps({**out, "speedup": round(speedup, 3), "flops_ratio": round(flops_ratio, 3), **s}))
+    print(f"ELECTRA / BERT input tokens/s {electra:.2f}x; analytic FLOPs per token ELECTRA / BERT {electra_flops:.2f}x")
+    print(json.dumps({**out, "speedup": round(speedup, 3), "flops_ratio": round(flops_ratio, 3),
+                      "electra_speedup": round(electra, 3), "electra_flops_ratio": round(electra_flops, 3), **s}))
 
 
 if __name__ == "__main__":

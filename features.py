@@ -31,8 +31,11 @@ def load_model(args):
     """(model in eval mode, description) from the add_model_args() options."""
     if args.ckpt == "random":
         torch.manual_seed(args.seed)
-        config = ModelConfig(model_type=args.model_type, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
-                             block_size=args.block_size)
+        try:
+            config = ModelConfig(model_type=args.model_type, n_layer=args.n_layer, n_head=args.n_head,
+                                 n_embd=args.n_embd, block_size=args.block_size)
+        except ValueError as e:  # e.g. ELECTRA's generator, a quarter as wide, is not a whole number of heads
+            raise EvalError(str(e)) from None
         model = MODELS[args.model_type](config).to(args.device).eval()
         return model, dict(ckpt="random", model_type=args.model_type, model_args=vars(model.config), seed=args.seed)
     try:

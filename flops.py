@@ -1,5 +1,5 @@
 """
-Analytic parameter and FLOP counts for BERT and CrossBERT, from the config alone.
+Analytic parameter and FLOP counts for BERT, CrossBERT and ELECTRA, from the config alone.
 
 Counted: matrix multiplies, 2 FLOPs per multiply-add, which is what dominates and
 what torch.utils.flop_counter counts. A training step costs 3x its forward pass
@@ -7,8 +7,8 @@ what torch.utils.flop_counter counts. A training step costs 3x its forward pass
 
     python flops.py --n_layer=12 --n_head=12 --n_embd=768 --block_size=512
 
-prints BERT and CrossBERT side by side. The counts take a ModelConfig: its mask_ratio
-and cms decide the views, pred_layer the predictor.
+prints the three models side by side. The counts take a ModelConfig: its mask_ratio
+and cms decide the views, pred_layer the predictor, gen_width and gen_layer ELECTRA's generator.
 """
 import sys
 import time
@@ -37,8 +37,13 @@ def forward_flops(config, model_type):
     head = 2 * M * C * config.vocab_size  # tied LM head, at the target positions only
     if model_type == "bert":
         per_view = L * self_block_flops(C, T) + head
-    else:
+    elif model_type == "crossbert":
         per_view = L * self_block_flops(C, K) + config.pred_layer * cross_block_flops(C, M, K) + head
+    else:  # ELECTRA: the generator (projections in at T positions and out at M, its blocks, the LM head), then the
+        # discriminator over all T positions and its one-logit RTD head
+        G = round(config.gen_width * C)
+        generator = 2 * T * C * G + config.gen_layer * self_block_flops(G, T) + 2 * M * G * C + head
+        per_view = generator + L * self_block_flops(C, T) + 2 * T * C
     return V * per_view
 
 
@@ -70,6 +75,10 @@ def param_counts(config, model_type):
     body = config.n_layer * block + C  # + final norm
     if model_type == "crossbert":
         body += config.pred_layer * block + C + C  # predictor, its norm, the mask query
+    if model_type == "electra":
+        G = round(config.gen_width * C)
+        body += 2 * C * G + config.gen_layer * (12 * G * G + 2 * G) + G  # projections, generator blocks, its norm
+        body += C + 1  # the RTD head
     return body + config.vocab_size * C, body
 
 
@@ -122,16 +131,20 @@ def peak_flops(device, dtype):
 def main(argv):
     from dataclasses import asdict
 
-    from configurator import configure
+    from configurator import configure, fail
     from model import ModelConfig  # only the CLI needs the model's defaults
     # the fields whose default depends on the model stay None, so each model below gets its own
     defaults = {**asdict(ModelConfig()), "mask_ratio": None, "cms": None, "pred_layer": None}
     del defaults["model_type"]
     kwargs = configure(defaults, argv)
     rows = {}
-    for model_type in ("bert", "crossbert"):
-        cfg = ModelConfig(model_type=model_type, **kwargs)
-        V, K, M = view_shape(cfg.block_size, cfg.mask_ratio, cfg.cms)
+    names = {"bert": "BERT", "crossbert": "CrossBERT", "electra": "ELECTRA"}
+    for model_type in names:
+        try:
+            cfg = ModelConfig(model_type=model_type, **kwargs)
+            V, K, M = view_shape(cfg.block_size, cfg.mask_ratio, cfg.cms)
+        except ValueError as e:  # e.g. a mask ratio the views cannot realise, or a generator of part of a head
+            fail(f"{names[model_type]}: {e}")
         total, body = param_counts(cfg, model_type)
         rows[model_type] = {
             "mask ratio / views": f"{cfg.mask_ratio} / {V}",
@@ -144,11 +157,12 @@ def main(argv):
             "inference MFLOPs per token": f"{inference_flops_per_token(cfg) / 1e6:.2f}",
             "_fpp": flops_per_position(cfg, model_type),
         }
-    print(f"{'':28s}{'BERT':>14s}{'CrossBERT':>14s}")
+    print(f"{'':28s}" + "".join(f"{name:>14s}" for name in names.values()))
     for key in rows["bert"]:
         if not key.startswith("_"):
-            print(f"{key:28s}{rows['bert'][key]!s:>14s}{rows['crossbert'][key]!s:>14s}")
-    print(f"training FLOPs per position, BERT / CrossBERT: {rows['bert']['_fpp'] / rows['crossbert']['_fpp']:.2f}x")
+            print(f"{key:28s}" + "".join(f"{rows[m][key]!s:>14s}" for m in names))
+    print(f"training FLOPs per position, BERT / CrossBERT: {rows['bert']['_fpp'] / rows['crossbert']['_fpp']:.2f}x, "
+          f"ELECTRA / BERT: {rows['electra']['_fpp'] / rows['bert']['_fpp']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """
-BERT and CrossBERT in one file.
+BERT, CrossBERT and ELECTRA in one file.
 
 BERT: replace the masked tokens by <mask>, run every layer over the whole
 sequence, predict the masked tokens from the last layer.
@@ -12,10 +12,15 @@ does reconstruction, so its last layer stays a good representation. With
 complementary masking (CMS) every sequence becomes views that predict each
 other's tokens, so every token gets a gradient.
 
+ELECTRA ("Pre-training Text Encoders as Discriminators Rather Than Generators"), the paper's
+other baseline: a small generator fills BERT's masked positions with plausible tokens, and a
+full-size discriminator, which sees every position, learns which tokens were replaced. It also
+trains on every token, but on a flat encoder; the discriminator is the encoder that is kept.
+
     import torch
     from model import ModelConfig, CrossBERT
     model = CrossBERT(ModelConfig(n_layer=4, n_head=4, n_embd=256, block_size=128))
-    # BERT: BERT(ModelConfig(model_type="bert", ...)); model_type also picks the masking defaults
+    # BERT(ModelConfig(model_type="bert", ...)), ELECTRA(...electra...); model_type also picks the masking defaults
     idx = torch.randint(0, 50257, (8, 128))                  # token ids
     logits, loss = model(idx)                                # masked-token pretraining
     loss.backward()
@@ -27,7 +32,7 @@ rows, N views (B x views per row), T positions, K visible and M target positions
 Depends on torch and masking.py alone; importing it has no side effects.
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn as nn
@@ -38,7 +43,7 @@ from masking import corrupt, make_views
 
 @dataclass
 class ModelConfig:
-    model_type: str = "crossbert"   # bert | crossbert; decides the defaults of the last three fields
+    model_type: str = "crossbert"   # bert | crossbert | electra; decides the defaults of mask_ratio and cms
     block_size: int = 128
     vocab_size: int = 50304         # GPT-2's 50257 ids + <mask> + <pad>, padded to a multiple of 64
     token_ids: int = 50304          # ids the tokenizer emits; vocab_size < token_ids is a compact vocabulary,
@@ -52,30 +57,42 @@ class ModelConfig:
     rope_base: float = 10000.0
     mask_token_id: int | None = None  # <mask>'s row; None: GPT-2's 50257, or vocab_size - 2 in a compact
                                       # vocabulary (the layout of data/tokenizer.compact_vocab)
-    mask_ratio: float | None = None # None: BERT 0.2, CrossBERT 0.5
-    cms: bool | None = None         # complementary views; None: BERT off, CrossBERT on
+    mask_ratio: float | None = None # None: BERT 0.2, CrossBERT 0.5, ELECTRA 0.15 (ELECTRA's own)
+    cms: bool | None = None         # complementary views; None: on for CrossBERT only
     pred_layer: int | None = None   # CrossBERT's predictor depth; None: max(1, n_layer // 4)
+    gen_width: float = 0.25         # ELECTRA's generator width, a fraction of n_embd (see README: ELECTRA)
+    gen_layer: int | None = None    # ELECTRA's generator depth; None: n_layer, as in ELECTRA
+    rtd_weight: float = 50.0        # ELECTRA's loss: MLM + rtd_weight x replaced-token detection
 
     def __post_init__(self):
         """The paper's defaults for the fields left at None."""
-        if self.model_type not in ("bert", "crossbert"):
-            raise ValueError(f"model_type={self.model_type!r}: expected bert or crossbert")
-        bert = self.model_type == "bert"
+        if self.model_type not in ("bert", "crossbert", "electra"):
+            raise ValueError(f"model_type={self.model_type!r}: expected bert, crossbert or electra")
         if self.mask_token_id is None:
             self.mask_token_id = 50257 if self.vocab_size >= self.token_ids else self.vocab_size - 2
         if self.mask_ratio is None:
-            self.mask_ratio = 0.2 if bert else 0.5
+            self.mask_ratio = {"bert": 0.2, "crossbert": 0.5, "electra": 0.15}[self.model_type]
         if self.cms is None:
-            self.cms = not bert
-        if self.pred_layer is None:  # BERT has no predictor, but keeps the value so old checkpoints compare equal
+            self.cms = self.model_type == "crossbert"
+        # the other models keep these values unused, so that configs of every model compare alike
+        if self.pred_layer is None:
             self.pred_layer = max(1, self.n_layer // 4)
+        if self.gen_layer is None:
+            self.gen_layer = self.n_layer
+        if self.model_type == "electra":
+            head_dim = self.n_embd // self.n_head
+            width = round(self.gen_width * self.n_embd)
+            if width < head_dim or width % head_dim:
+                options = ", ".join(f"{h * head_dim / self.n_embd:.3g}" for h in range(1, self.n_head + 1))
+                raise ValueError(f"gen_width={self.gen_width} makes a generator {width} wide, not a whole number of "
+                                 f"heads of {head_dim} (the discriminator's head size); pick one of {options}")
 
 
 # ----------------------------------------------------------------------------
-# The two models, and what they share; the transformer parts they are built of come last
+# The three models, and what they share; the transformer parts they are built of come last
 
 class MaskedLM(nn.Module):
-    """What BERT and CrossBERT share: the token embedding, the encoder stack, the tied LM head,
+    """What the models share: the token embedding, the encoder stack, the tied LM head,
     encode() for frozen features, and the optimizer."""
 
     model_type = None  # each model's; its config must say the same
@@ -211,7 +228,65 @@ class CrossBERT(MaskedLM):
         return self.lm_loss(self.ln_p(q), idx, views.target_pos)
 
 
-MODELS = {"bert": BERT, "crossbert": CrossBERT}
+class ELECTRA(MaskedLM):
+    """The encoder stack is the discriminator; the generator shares its token embeddings."""
+    model_type = "electra"
+
+    def __init__(self, config):
+        super().__init__(config)
+        C = config.n_embd
+        # the generator is a narrow BERT, with the discriminator's head size (so the same RoPE tables)
+        g = replace(config, model_type="bert", n_embd=round(config.gen_width * C),
+                    n_head=round(config.gen_width * config.n_head))
+        self.gen_in = nn.Linear(C, g.n_embd, bias=False)   # the shared embeddings, down to the generator's width
+        self.generator = nn.ModuleList(Block(g) for _ in range(config.gen_layer))
+        self.ln_g = nn.LayerNorm(g.n_embd, bias=False)
+        self.gen_out = nn.Linear(g.n_embd, C, bias=False)  # and back up, for the tied LM head
+        self.rtd_head = nn.Linear(C, 1)                    # per position: was this token replaced?
+        self.init_weights()
+
+    def generate(self, idx, target_pos):
+        """The generator: BERT's masked-token prediction, at its own width, on embedding ids idx (N, T) with
+        <mask> at target_pos (N, M). Returns its logits (N, M, vocab) there and its loss."""
+        T = idx.size(1)
+        rope = self.rope(torch.arange(T, device=idx.device))
+        x = self.gen_in(self.drop(self.wte(corrupt(idx, target_pos, self.config.mask_token_id))))
+        for block in self.generator:
+            x = block(x, rope)
+        x = x.gather(1, target_pos[..., None].expand(-1, -1, x.size(-1)))  # (N, M, Cg): only targets need the head
+        return self.lm_loss(self.gen_out(self.ln_g(x)), idx, target_pos)
+
+    def forward(self, idx, views=None, u=None):
+        """Replaced-token detection on idx (B, T). u (N, M): uniforms in [0, 1) that pick the generator's samples
+        (the caller draws them from its own generator, for reproducible runs; None draws them here).
+        Returns the loss's parts, detached: (generator MLM loss, RTD loss, RTD accuracy, share of positions
+        replaced, which is 1 - the accuracy of answering "original" everywhere), and the loss."""
+        views = self.sample_views(idx) if views is None else views
+        idx = self.vocab_ids(idx)[views.rows]                                          # (N, T): each view's row
+        logits, mlm_loss = self.generate(idx, views.target_pos)
+        u = torch.rand(views.target_pos.shape, device=idx.device) if u is None else u
+        # samples are integers: the RTD loss sends no gradient back through them to the generator (as in ELECTRA)
+        replaced, is_replaced = replace_tokens(idx, views.target_pos, logits.detach(), u)
+        h, _ = self.run_encoder(replaced, torch.arange(idx.size(1), device=idx.device))  # (N, T, C)
+        rtd_logits = self.rtd_head(h).squeeze(-1).float()                              # (N, T)
+        rtd_loss = F.binary_cross_entropy_with_logits(rtd_logits, is_replaced.float())
+        with torch.no_grad():
+            accuracy = ((rtd_logits > 0) == is_replaced).float().mean()
+            parts = torch.stack([mlm_loss, rtd_loss, accuracy, is_replaced.float().mean()])
+        return parts, mlm_loss + self.config.rtd_weight * rtd_loss
+
+
+def replace_tokens(idx, target_pos, logits, u):
+    """The discriminator's input and labels: idx (N, T) with a sample of softmax(logits) (N, M, vocab) at
+    target_pos (N, M), drawn by inverse CDF from the uniforms u (N, M); labels (N, T) say where the token
+    now differs from the original. A sample that equals the original counts as original, as in ELECTRA."""
+    cdf = logits.float().softmax(-1).cumsum(-1)
+    sampled = torch.searchsorted(cdf, (u * cdf[..., -1])[..., None]).squeeze(-1).clamp(max=logits.size(-1) - 1)
+    replaced = idx.scatter(1, target_pos, sampled)
+    return replaced, replaced != idx
+
+
+MODELS = {"bert": BERT, "crossbert": CrossBERT, "electra": ELECTRA}
 
 
 # ----------------------------------------------------------------------------

@@ -1,13 +1,13 @@
 """
-The paper's comparison at your scale: BERT and CrossBERT families trained at matched training FLOPs,
-every final checkpoint probed frozen, next to a random-init twin of the same shape.
+The paper's comparison at your scale: BERT, CrossBERT and ELECTRA families trained at matched training
+FLOPs, every final checkpoint probed frozen, next to random-init twins of the same shape.
 
     python sweep.py --preset=cpu --dry_run           # the plan: runs, FLOPs, estimated time; trains nothing
-    python sweep.py --preset=cpu                      # 2 CPU cores, under an hour; writes sweep-cpu/
+    python sweep.py --preset=cpu                      # 2 CPU cores, about 75 minutes; writes sweep-cpu/
     python sweep.py --preset=gpu --nproc=8            # one 8-GPU node over the paper's range (needs DCLM, see below)
     python sweep.py --preset=cpu --tasks=path/a,path/b   # probe your own task folders instead of GLUE
 
-For each size, the BERT and the CrossBERT run get the same FLOP budget (train.py's max_flops, counted
+For each size, the BERT, CrossBERT and ELECTRA runs get the same FLOP budget (train.py's max_flops, counted
 by flops.py): a tokens-per-parameter rule or the preset's explicit budgets. Batch size and learning rate
 come from power laws in the budget. Every run writes its own out_dir under the sweep folder; a run
 already in results.jsonl is skipped, and a run cut short resumes from its checkpoint, so rerunning the
@@ -71,6 +71,7 @@ settings = dict(
     out_dir="",               # "" = sweep-<preset>
     dry_run=False,
     axes="main,mask,cms,predictor",
+    families="bert,crossbert,electra",        # the models of the main comparison
     tasks="SST-2,CoLA,MRPC,STS-B,RTE,WNLI",   # GLUE names (read from glue_dir) or task folders (train.tsv, dev.tsv)
     glue_dir="../shared/glue",
     sts="../shared/glue/STS-B",               # zero-shot STS (embed.py); "" = skip
@@ -86,6 +87,11 @@ def round_batch(tokens, block_size, nproc):
     return max(quantum, quantum * round(tokens / quantum))
 
 
+def gen_width(n_head):
+    """ELECTRA's generator width: a quarter of the discriminator's, rounded to whole heads (at least one)."""
+    return max(1, round(n_head / 4)) / n_head
+
+
 def run_settings(p, n_layer, n_embd, n_head, model_type, flops, **extra):
     """train.py settings for one run with a FLOP budget: lr and batch from the power laws."""
     F0, lr0, batch0 = p["anchor"]
@@ -93,6 +99,8 @@ def run_settings(p, n_layer, n_embd, n_head, model_type, flops, **extra):
              dataset=p["dataset"], vocab_size=p["vocab_size"], max_flops=float(flops),
              learning_rate=lr0 * (flops / F0) ** LR_EXP,
              total_batch_size=round_batch(batch0 * (flops / F0) ** BATCH_EXP, p["block_size"], p["nproc"]))
+    if model_type == "electra":
+        s["gen_width"] = gen_width(n_head)
     s.update(min_lr=s["learning_rate"] / 10, **extra)
     s["warmup_iters"] = max(1, steps_for(s)[0] // 20)  # 5% of the run
     return s
@@ -103,7 +111,7 @@ def model_config(s):
     args = dict(n_layer=s["n_layer"], n_embd=s["n_embd"], n_head=s["n_head"], block_size=s["block_size"])
     if s.get("vocab_size"):
         args.update(vocab_size=s["vocab_size"])
-    for k in ("mask_ratio", "cms", "pred_layer"):
+    for k in ("mask_ratio", "cms", "pred_layer", "gen_width"):
         if k in s:
             args[k] = s[k]
     return ModelConfig(model_type=s["model_type"], **args)
@@ -116,7 +124,7 @@ def steps_for(s):
     return budget_steps(s["max_flops"], per_step) if s.get("max_flops") else s["max_iters"], per_step
 
 
-def plan(p, axes):
+def plan(p, axes, families=("bert", "crossbert", "electra")):
     """[(name, axis, train.py settings)] for the preset."""
     runs = []
     for i, (L, C, H) in enumerate(p["sizes"]):
@@ -125,8 +133,8 @@ def plan(p, axes):
             cfg = model_config(dict(model_type="bert", n_layer=L, n_embd=C, n_head=H, block_size=p["block_size"],
                                     vocab_size=p["vocab_size"]))
             budget = p["tokens_per_param"] * param_counts(cfg, "bert")[0] * training_flops(cfg, "bert") / cfg.block_size
-        for model_type in ("bert", "crossbert"):
-            if "main" in axes or i == p["ablation_size"]:
+        for model_type in families:
+            if "main" in axes or i == p["ablation_size"] and model_type != "electra":  # the ablations' reference
                 runs.append((f"{model_type}-{L}x{C}", "main", run_settings(p, L, C, H, model_type, budget)))
         if i != p["ablation_size"]:
             continue
@@ -221,15 +229,17 @@ def plots(results, out_dir):
     except ImportError:
         print("sweep: matplotlib is not installed (pip install matplotlib); skipping the plots", file=sys.stderr)
         return []
-    colors = {"bert": "tab:red", "crossbert": "tab:blue"}
+    colors = {"bert": "tab:red", "crossbert": "tab:blue", "electra": "tab:green"}
     main = [r for r in results if r["axis"] == "main"]
     written = []
 
     fig, axs = plt.subplots(1, 3, figsize=(15, 4.2))
     for ax, key, title in zip(axs, ("linear_avg", "knn_avg", "sts_zero_shot"),
                               ("linear probe, GLUE average", "kNN probe, GLUE average", "zero-shot STS (Spearman)")):
-        for fam in ("bert", "crossbert"):
+        for fam in colors:
             rs = sorted((r for r in main if r["model_type"] == fam and key in r["scores"]), key=lambda r: r["flops"])
+            if not rs:
+                continue
             ax.plot([r["flops"] for r in rs], [r["scores"][key] for r in rs], "o-", color=colors[fam], label=fam)
             seeds = {}  # the random-init twins of each size: their mean, and their range as an error bar
             for r in results:
@@ -255,7 +265,7 @@ def plots(results, out_dir):
         ax.plot(*zip(*curve), style, color=colors[r["model_type"]], alpha=0.8, label=r["name"])
         ax.axhline(r["unigram_loss"], color="gray", ls=":", lw=0.8)
     ax.set(xscale="log", xlabel="training FLOPs", ylabel="val masked-token loss (nats)",
-           title="val loss (dotted: unigram baseline)")
+           title="val loss (ELECTRA: its generator's; dotted: unigram)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "val_loss_vs_flops.png"), dpi=120)
@@ -289,7 +299,11 @@ def main(argv):
     p = dict(PRESETS[s["preset"]])
     p["nproc"] = s["nproc"] or p["nproc"]
     out_dir = s["out_dir"] or f"sweep-{s['preset']}"
-    runs = plan(p, s["axes"].split(","))
+    families = s["families"].split(",")
+    unknown = [f for f in families if f not in ("bert", "crossbert", "electra")]
+    if unknown:
+        fail(f"--families: unknown {', '.join(unknown)}; expected a comma-separated subset of bert,crossbert,electra")
+    runs = plan(p, s["axes"].split(","), families)
     extra = {k: v for k, v in (("dtype", p["dtype"]), ("eval_interval", p["eval_interval"])) if v}
 
     print(f"preset {s['preset']}: {len(runs)} runs on {p['dataset']}, {p['nproc']} process(es) each, into {out_dir}/")

@@ -1,9 +1,10 @@
 """
-Pretrain BERT or CrossBERT.
+Pretrain BERT, CrossBERT or ELECTRA.
 
 One process (CPU or one GPU):
     python train.py                                   # tiny CrossBERT on the built-in corpus
     python train.py config/tiny_bert.py               # its BERT twin
+    python train.py config/tiny_electra.py            # its ELECTRA twin
 DDP on one node, or several (nccl on GPUs, gloo on CPUs):
     torchrun --standalone --nproc_per_node=8 train.py config/base_crossbert_dclm.py
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=... --master_port=29500 train.py ...
@@ -39,15 +40,18 @@ from model import MODELS, ModelConfig
 # -----------------------------------------------------------------------------
 # settings: the defaults train a tiny CrossBERT on 2 CPU cores in under 10 minutes (see README: the CPU recipe)
 # model
-model_type = "crossbert"      # bert | crossbert
+model_type = "crossbert"      # bert | crossbert | electra
 n_layer = 4
 n_head = 4
 n_embd = 128
 block_size = 128
 pred_layer = None             # CrossBERT predictor depth; None = max(1, n_layer // 4)
-mask_ratio = None             # None = the model's default: BERT 0.2, CrossBERT 0.5
+mask_ratio = None             # None = the model's default: BERT 0.2, CrossBERT 0.5, ELECTRA 0.15
 cms = None                    # complementary views; None = the model's default: CrossBERT on, BERT off
 random_replace = False        # BERT's 80/10/10 corruption
+gen_width = 0.25              # ELECTRA's generator width, a fraction of n_embd
+gen_layer = None              # ELECTRA's generator depth; None = n_layer
+rtd_weight = 50.0             # ELECTRA's loss: generator MLM + rtd_weight x replaced-token detection
 dropout = 0.0
 init_std = 0.02
 vocab_size = 8192             # 0 = GPT-2's 50,304 ids; K = a compact vocabulary, the train split's K - 3 most
@@ -85,7 +89,8 @@ fsdp = False                  # with torchrun: shard the model over the processe
 seed = 1337
 settings = {k: v for k, v in globals().items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
-globals().update(configure(settings, sys.argv[1:], types={"pred_layer": int, "mask_ratio": float, "cms": bool}))
+globals().update(configure(settings, sys.argv[1:], types={"pred_layer": int, "gen_layer": int, "mask_ratio": float,
+                                                           "cms": bool}))
 settings = {k: globals()[k] for k in settings}
 
 # one pass over the settings, before anything is built or written: each failure names the setting and the fix
@@ -93,7 +98,8 @@ for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "total_b
              "eval_interval", "eval_iters", "log_interval"):
     if globals()[name] < 1:
         fail(f"{name}={globals()[name]}: must be at least 1")
-for name in ("warmup_iters", "max_flops", "grad_clip", "weight_decay", "min_lr", "probe_interval", "dropout"):
+for name in ("warmup_iters", "max_flops", "grad_clip", "weight_decay", "min_lr", "probe_interval", "dropout",
+             "rtd_weight"):
     if globals()[name] < 0:
         fail(f"{name}={globals()[name]}: must be >= 0" + (" (0 turns clipping off)" if name == "grad_clip" else ""))
 if model_type not in MODELS:
@@ -103,6 +109,10 @@ if n_embd % n_head or (n_embd // n_head) % 2:
          f"e.g. n_head={next(h for h in range(n_head, 0, -1) if n_embd % h == 0 and (n_embd // h) % 2 == 0)}")
 if pred_layer is not None and pred_layer < 1:
     fail(f"pred_layer={pred_layer}: CrossBERT needs a predictor of at least 1 block (or None for n_layer // 4)")
+if gen_layer is not None and gen_layer < 1:
+    fail(f"gen_layer={gen_layer}: ELECTRA needs a generator of at least 1 block (or None for n_layer)")
+if not 0 < gen_width <= 1:
+    fail(f"gen_width={gen_width}: ELECTRA's generator width is a fraction of n_embd, in (0, 1]")
 if mask_ratio is not None and not 0 < mask_ratio < 1:
     fail(f"mask_ratio={mask_ratio}: must be strictly between 0 and 1")
 if not (learning_rate > 0 and 0 <= beta1 < 1 and 0 <= beta2 < 1 and dropout < 1):
@@ -174,7 +184,8 @@ if vocab_map is not None:  # token counts in the model's own ids, for the unigra
 unigram = unigram_loss(counts["train"], counts["val"])
 
 model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, dropout=dropout,
-                  init_std=init_std, random_replace=random_replace, pred_layer=pred_layer, mask_ratio=mask_ratio, cms=cms)
+                  init_std=init_std, random_replace=random_replace, pred_layer=pred_layer, mask_ratio=mask_ratio, cms=cms,
+                  gen_width=gen_width, gen_layer=gen_layer, rtd_weight=rtd_weight)
 if vocab_size:  # <mask> then sits at vocab_size - 2 (see ModelConfig)
     model_args.update(vocab_size=vocab_size)
 try:
@@ -189,22 +200,25 @@ torch.manual_seed(seed + rank)  # dropout differs by process; the data does not 
 
 
 def get_batch(split, index, rows=slice(None), n_rows=rows_per_step):
-    """Rows `rows` of batch number `index` of `split` (n_rows rows): (tokens, views) on the device.
+    """Rows `rows` of batch number `index` of `split` (n_rows rows), on the device: the model's arguments,
+    (tokens, views), and for ELECTRA the uniforms that pick its generator's samples.
 
-    Every row's window and views are a function of (seed, split, index, row), so any split of a batch over
-    processes and micro-steps sees the same data, and a resumed run continues exactly.
+    Every row's window, views and uniforms are a function of (seed, split, index, row), so any split of a batch
+    over processes and micro-steps sees the same data, and a resumed run continues exactly.
     """
     key = np.random.SeedSequence([seed, split == "val", index]).generate_state(2)
     idx = windows[split].sample(n_rows, key, rows)
     gen = torch.Generator().manual_seed(int(key[1]))
     v = make_views(n_rows, block_size, config.mask_ratio, config.cms, generator=gen)
     lo, hi, _ = rows.indices(n_rows)  # the views of input rows lo..hi-1, renumbered from 0
-    views = Views(v.rows[lo * n_views:hi * n_views] - lo, v.visible_pos[lo * n_views:hi * n_views],
-                  v.target_pos[lo * n_views:hi * n_views])
+    mine = slice(lo * n_views, hi * n_views)
+    batch = [idx, Views(v.rows[mine] - lo, v.visible_pos[mine], v.target_pos[mine])]
+    if model_type == "electra":
+        batch.append(torch.rand(n_rows * n_views, n_predicted, generator=gen)[mine])
     if device_type == "cuda":
-        idx, views = idx.pin_memory().to(device, non_blocking=True), type(views)(
-            *(t.pin_memory().to(device, non_blocking=True) for t in views))
-    return idx, views
+        batch = [t.pin_memory().to(device, non_blocking=True) if torch.is_tensor(t) else
+                 type(t)(*(x.pin_memory().to(device, non_blocking=True) for x in t)) for t in batch]
+    return batch
 
 
 def rng_state():
@@ -225,7 +239,7 @@ if fsdp:  # FSDP2: each block's parameters, gradients and optimizer state are sh
     if not ddp:
         fail("fsdp=True shards over processes: launch with torchrun --nproc_per_node=N (N > 1), or drop fsdp")
     from torch.distributed.fsdp import fully_shard
-    for block in [*model.blocks, *getattr(model, "predictor", [])]:
+    for block in [*model.blocks, *getattr(model, "predictor", []), *getattr(model, "generator", [])]:
         fully_shard(block)
     fully_shard(model)
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
@@ -291,21 +305,27 @@ def get_lr(it):
     return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (learning_rate - min_lr)
 
 
+def metrics(out, loss):
+    """What a step reports, as a tensor: the loss, then for ELECTRA its parts (see ELECTRA.forward)."""
+    return torch.cat([loss.detach().float()[None], out.float()]) if model_type == "electra" else loss.detach()[None]
+
+
 @torch.no_grad()
 def estimate_val_loss():
-    """Mean loss over eval_iters fixed validation batches of batch_size rows, split across processes."""
+    """Means over eval_iters fixed validation batches of batch_size rows, split across processes: the masked-token
+    loss (ELECTRA: its generator's), and for ELECTRA the RTD loss, accuracy and share of positions replaced."""
     model.eval()
-    total = torch.zeros(2, device=device)
+    total = 0
     # every process runs as many forward passes (FSDP's are collectives); those past eval_iters count for nothing
     for i in range(rank, math.ceil(eval_iters / world_size) * world_size, world_size):
-        idx, views = get_batch("val", i, n_rows=batch_size)
         with autocast:
-            _, loss = model(idx, views)
-        total += (i < eval_iters) * torch.stack([loss.float(), torch.ones((), device=device)])
+            out, loss = model(*get_batch("val", i, n_rows=batch_size))
+        total = total + (i < eval_iters) * torch.cat([metrics(out, loss), torch.ones(1, device=device)])
     if ddp:
         dist.all_reduce(total)
     model.train()
-    return (total[0] / total[1]).item()
+    means = (total[:-1] / total[-1]).tolist()
+    return means[1:] if model_type == "electra" else means
 
 
 def save_checkpoint():
@@ -387,23 +407,28 @@ sys.excepthook = on_interrupt
 
 # -----------------------------------------------------------------------------
 # training loop
-loss_sum = torch.zeros((), device=device)  # summed on the device; read only when logging, so no sync per step
+loss_sum = 0  # metrics() summed on the device; read only when logging, so no sync per step
 t_log, steps_since_log = time.perf_counter(), 0
 model.train()
 while True:
     last = step >= max_iters
     if step % eval_interval == 0 or last:
         t_eval = time.perf_counter()
-        val_loss = estimate_val_loss()
+        val_loss, *rtd = estimate_val_loss()
         if not math.isfinite(val_loss):
             stop_non_finite("the validation loss", val_loss)
         record = {"step": step, "val_loss": round(val_loss, 4), "below_unigram": round(unigram - val_loss, 4),
                   "tokens": tokens_seen, "flops": flops_seen}
+        gap = unigram - val_loss
+        line = (f"step {step}: val loss {val_loss:.4f}{' (generator)' if rtd else ''}, {abs(gap):.3f} nats "
+                f"{'below' if gap >= 0 else 'above'} the unigram baseline {unigram:.3f}")
+        if rtd:  # ELECTRA: its discriminator, against answering "original" everywhere
+            record.update(val_rtd_loss=round(rtd[0], 4), val_rtd_accuracy=round(rtd[1], 4), val_replaced=round(rtd[2], 4))
+            line += (f"; RTD loss {rtd[0]:.4f}, accuracy {100 * rtd[1]:.2f}% (all \"original\" scores "
+                     f"{100 - 100 * rtd[2]:.2f}%)")
         if probe_interval and step % probe_interval == 0:
             record["probe"] = run_probe()
-        gap = unigram - val_loss
-        log(f"step {step}: val loss {val_loss:.4f}, {abs(gap):.3f} nats {'below' if gap >= 0 else 'above'} the "
-            f"unigram baseline {unigram:.3f}" + (f", probe {record['probe']}" if "probe" in record else ""))
+        log(line + (f", probe {record['probe']}" if "probe" in record else ""))
         write_log(record)
         best_val_loss = min(best_val_loss, val_loss)
         if step > 0:
@@ -417,16 +442,16 @@ while True:
         group["lr"] = lr
     for micro in range(grad_accum):
         first = (rank * grad_accum + micro) * micro_batch  # this micro-step's rows of the step's batch
-        idx, views = get_batch("train", step, slice(first, first + micro_batch))
+        batch = get_batch("train", step, slice(first, first + micro_batch))
         if ddp:  # all-reduce (or reduce-scatter) the gradients once, in the backward pass of the last micro-step
             if fsdp:
                 raw_model.set_requires_gradient_sync(micro == grad_accum - 1)
             else:
                 model.require_backward_grad_sync = micro == grad_accum - 1
         with autocast:
-            _, loss = model(idx, views)
+            out, loss = model(*batch)
         (loss / grad_accum).backward()
-        loss_sum += loss.detach() / grad_accum
+        loss_sum = loss_sum + metrics(out, loss) / grad_accum
     if grad_clip:
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
@@ -439,19 +464,21 @@ while True:
     if step % log_interval == 0 or step >= max_iters:
         if ddp:
             dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
-        train_loss = loss_sum.item() / steps_since_log
+        train_loss, *rtd = (loss_sum / steps_since_log).tolist()
         if not math.isfinite(train_loss):
             stop_non_finite("the training loss", train_loss)
         dt = (time.perf_counter() - t_log) / steps_since_log
         record = {"step": step, "loss": round(train_loss, 4), "lr": lr,
+                  **dict(zip(("mlm_loss", "rtd_loss", "rtd_accuracy", "replaced"), (round(x, 4) for x in rtd))),
                   "input_tokens_per_s": round(tokens_per_step / dt), "view_positions_per_s": round(positions_per_step / dt),
                   "mfu": round(flops_per_step / dt / peak, 4), "tokens": tokens_seen, "flops": flops_seen,
                   "ms_per_step": round(1000 * dt, 1)}
-        log(f"step {step}/{max_iters}: loss {train_loss:.4f}, lr {lr:.2e}, {record['input_tokens_per_s']} input tok/s "
+        log(f"step {step}/{max_iters}: loss {train_loss:.4f}"
+            + (f" (generator MLM {rtd[0]:.4f} + {rtd_weight:g} x RTD {rtd[1]:.4f})" if rtd else "") + f", lr {lr:.2e}, {record['input_tokens_per_s']} input tok/s "
             f"({record['view_positions_per_s']} view positions/s), MFU {100 * record['mfu']:.1f}%, "
             f"{1000 * dt:.0f} ms/step, {flops_seen:.2e} FLOPs")
         write_log(record)
-        loss_sum.zero_()
+        loss_sum = 0
         t_log, steps_since_log = time.perf_counter(), 0
 
 log(f"done: {step} steps, {tokens_seen:,} tokens, {flops_seen:.2e} FLOPs; checkpoint at {ckpt_path}")

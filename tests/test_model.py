@@ -8,14 +8,23 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from flops import param_counts, training_flops
 from masking import make_views
-from model import MODELS, ModelConfig
+from model import MODELS, ModelConfig, replace_tokens
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
+GEN = dict(gen_width=0.5)  # ELECTRA's generator, one head wide at TINY's two heads
 
 
 def tiny(model_type, **kw):
     torch.manual_seed(0)
-    return MODELS[model_type](ModelConfig(model_type=model_type, **{**TINY, **kw})).eval()
+    extra = GEN if model_type == "electra" else {}
+    return MODELS[model_type](ModelConfig(model_type=model_type, **{**TINY, **extra, **kw})).eval()
+
+
+def model_args(model, idx, views, seed=0):
+    """(idx, views) and, for ELECTRA, uniforms that fix its generator's samples."""
+    if model.config.model_type != "electra":
+        return idx, views
+    return idx, views, torch.rand(views.target_pos.shape, generator=torch.Generator().manual_seed(seed))
 
 
 def views_for(model, B, seed=0):
@@ -28,6 +37,10 @@ def test_defaults_follow_the_paper():
     c = tiny("crossbert", n_layer=8).config
     assert (c.mask_ratio, c.cms, c.pred_layer) == (0.5, True, 2)
     assert tiny("crossbert", n_layer=2).config.pred_layer == 1
+    c = tiny("electra", n_layer=3).config
+    assert (c.mask_ratio, c.cms, c.gen_layer, c.rtd_weight) == (0.15, False, 3, 50.0)
+    with pytest.raises(ValueError, match="gen_width=0.25 makes a generator 8 wide.*pick one of 0.5, 1"):
+        tiny("electra", gen_width=0.25)  # heads of 16: a quarter of 32 is half a head
 
 
 def test_config_round_trips_and_names_its_model():
@@ -68,7 +81,7 @@ def test_bert_with_80_10_10_can_see_some_targets():
     assert not torch.equal(a, b)  # the 10% of targets left as they are leak, as in BERT
 
 
-@pytest.mark.parametrize("model_type", ["bert", "crossbert"])
+@pytest.mark.parametrize("model_type", ["bert", "crossbert", "electra"])
 def test_encode_is_padding_invariant(model_type):
     model = tiny(model_type)
     lengths = [32, 20, 7]
@@ -98,7 +111,7 @@ def test_encode_layers():
         model.encode(torch.zeros(1, 33, dtype=torch.long))
 
 
-@pytest.mark.parametrize("model_type", ["bert", "crossbert"])
+@pytest.mark.parametrize("model_type", ["bert", "crossbert", "electra"])
 def test_param_counts_match(model_type):
     model = tiny(model_type, n_layer=4)
     total, body = param_counts(model.config, model_type)
@@ -107,44 +120,112 @@ def test_param_counts_match(model_type):
 
 @pytest.mark.parametrize("model_type,mask_ratio,cms", [("bert", 0.2, False), ("bert", 0.5, True),
                                                         ("crossbert", 0.5, False), ("crossbert", 0.5, True),
-                                                        ("crossbert", 0.75, True)])
+                                                        ("crossbert", 0.75, True), ("electra", 0.15, False),
+                                                        ("electra", 0.25, False)])
 @pytest.mark.parametrize("shape", [dict(n_layer=2, n_head=2, n_embd=64, block_size=64),
                                    dict(n_layer=4, n_head=4, n_embd=128, block_size=128, vocab_size=512,
                                         mask_token_id=510)])
 def test_analytic_flops_match_flop_counter(model_type, mask_ratio, cms, shape):
     torch.manual_seed(0)
-    model = MODELS[model_type](ModelConfig(model_type=model_type, **shape, mask_ratio=mask_ratio, cms=cms))
+    # ELECTRA: a generator one head wide and one block deep, so its own terms differ from the discriminator's
+    extra = dict(gen_width=0.5 if shape["n_head"] == 2 else 0.25, gen_layer=1) if model_type == "electra" else {}
+    model = MODELS[model_type](ModelConfig(model_type=model_type, **shape, mask_ratio=mask_ratio, cms=cms, **extra))
     B = 2
     idx = torch.randint(0, 500, (B, shape["block_size"]))
     # the math backend runs attention as matmuls, which the counter sees (the CPU flash kernel it does not)
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         model(idx)[1].backward()
     measured = counter.get_total_flops()
-    assert measured == pytest.approx(training_flops(model.config, model_type, B), rel=0.02)
+    assert measured == training_flops(model.config, model_type, B)  # exact: both count the same matmuls
 
 
-@pytest.mark.parametrize("model_type", ["bert", "crossbert"])
+@pytest.mark.parametrize("model_type", ["bert", "crossbert", "electra"])
 def test_overfits_one_batch(model_type):
     torch.manual_seed(0)
+    extra = GEN if model_type == "electra" else {}
     model = MODELS[model_type](ModelConfig(model_type=model_type, n_layer=2, n_head=2, n_embd=64, block_size=32,
-                                           vocab_size=256, mask_token_id=255))
+                                           vocab_size=256, mask_token_id=255, **extra))
     idx = torch.randint(0, 250, (2, 32))
     views = views_for(model, 2)
     opt = model.configure_optimizers(0.0, 2e-3, (0.9, 0.95), "cpu")
     model.train()
     for _ in range(200):
-        _, loss = model(idx, views)
+        out, loss = model(*model_args(model, idx, views))
         opt.zero_grad()
         loss.backward()
         opt.step()
-    assert loss.item() < 0.1 * math.log(256)
+    mlm_loss = out[0] if model_type == "electra" else loss  # ELECTRA: its generator's masked-token loss
+    assert mlm_loss.item() < 0.1 * math.log(256)
 
 
-@pytest.mark.parametrize("model_type", ["bert", "crossbert"])
+@pytest.mark.parametrize("model_type", ["bert", "crossbert", "electra"])
 def test_compiled_matches_eager(model_type):
     model = tiny(model_type)
     idx = torch.randint(0, 50257, (4, 32))
-    views = views_for(model, 4)
-    _, eager = model(idx, views)
-    _, compiled = torch.compile(model)(idx, views)
+    args = model_args(model, idx, views_for(model, 4))
+    _, eager = model(*args)
+    _, compiled = torch.compile(model)(*args)
     assert compiled.item() == pytest.approx(eager.item(), abs=1e-4)
+
+
+# ----------------------------------------------------------------------------
+# ELECTRA: what the generator sees, what the discriminator is told, where the gradients go
+
+def test_generator_never_sees_the_original_at_masked_positions():
+    model = tiny("electra")
+    idx = torch.randint(0, 50257, (2, 32))
+    views = views_for(model, 2)
+    logits, _ = model.generate(idx, views.target_pos)
+    changed = idx.scatter(1, views.target_pos, (idx.gather(1, views.target_pos) + 1) % 50257)
+    assert torch.equal(model.generate(changed, views.target_pos)[0], logits)
+    # control: a token it is shown does move its predictions
+    control = idx.clone()
+    control[0, views.visible_pos[0, 0]] += 1
+    assert not torch.allclose(model.generate(control, views.target_pos)[0][0], logits[0], atol=1e-4)
+
+
+def test_rtd_label_is_replaced_token_differs_from_original(monkeypatch):
+    model = tiny("electra", vocab_size=64, token_ids=64, mask_token_id=62)  # no compact map: ids are rows
+    idx = torch.randint(0, 60, (4, 32))
+    views = views_for(model, 4)
+    target = idx.gather(1, views.target_pos)
+    # a generator sure of the original at even target slots, of another token at odd ones
+    keep = torch.arange(target.size(1)) % 2 == 0
+    choice = torch.where(keep, target, (target + 1) % 60)
+    logits = torch.full((*target.shape, 64), -1e4).scatter(-1, choice[..., None], 1e4)
+    replaced, labels = replace_tokens(idx, views.target_pos, logits, torch.rand(target.shape))
+    assert torch.equal(replaced.gather(1, views.target_pos), choice)  # each slot got the generator's sample
+    expected = torch.zeros_like(idx, dtype=torch.bool).scatter(1, views.target_pos[:, ~keep], True)
+    assert torch.equal(labels, expected)  # a sample equal to the original counts as original
+    # and forward trains the discriminator on exactly these labels
+    monkeypatch.setattr(model, "generate", lambda i, pos: (logits, logits.sum() * 0))
+    seen = []
+    model.rtd_head.register_forward_hook(lambda m, args, out: seen.append(out.squeeze(-1)))
+    parts, _ = model(idx, views, torch.rand(target.shape))
+    bce = torch.nn.functional.binary_cross_entropy_with_logits(seen[0], expected.float())
+    assert parts[1].item() == pytest.approx(bce.item(), abs=1e-6)
+    assert parts[3].item() == pytest.approx(expected.float().mean().item())  # the share of positions replaced
+
+
+def test_samples_follow_the_generator_distribution():
+    p = torch.tensor([0.5, 0.0, 0.2, 0.3, 0.0])
+    logits = p.log().expand(1, 40_000, 5)
+    idx = torch.full((1, 40_000), 9)  # no sample equals it, so every label is "replaced"
+    replaced, labels = replace_tokens(idx, torch.arange(40_000)[None], logits, torch.rand(1, 40_000))
+    freq = torch.bincount(replaced[0], minlength=5).float() / 40_000
+    assert torch.allclose(freq, p, atol=0.01) and labels.all()  # zero-probability tokens are never drawn
+
+
+def test_no_rtd_gradient_reaches_the_generator():
+    idx = torch.randint(0, 50257, (2, 32))
+    grads = {}
+    for weight in (50.0, 0.0):  # the same model, data and samples; only the RTD term's weight differs
+        model = tiny("electra", rtd_weight=weight)
+        args = model_args(model, idx, views_for(model, 2))
+        model(*args)[1].backward()
+        grads[weight] = {n: p.grad.clone() for n, p in model.named_parameters()}
+    generator = [n for n in grads[0.0] if n.startswith(("gen_in", "generator.", "ln_g", "gen_out"))]
+    assert len(generator) > 4 and all(torch.equal(grads[50.0][n], grads[0.0][n]) for n in generator)
+    # control: the RTD term does reach the discriminator, and the token embeddings the two share
+    assert not torch.equal(grads[50.0]["blocks.0.attn.q.weight"], grads[0.0]["blocks.0.attn.q.weight"])
+    assert not torch.equal(grads[50.0]["wte.weight"], grads[0.0]["wte.weight"])

@@ -28,10 +28,10 @@ def test_pairs_are_matched_on_flops(preset):
     runs = {name: s for name, axis, s in sweep.plan(p, ["main", "mask", "cms", "predictor"])}
     for name, s in runs.items():
         if name.startswith("bert-") and name.count("-") == 1:
-            other = runs["cross" + name]
-            spent = [sweep.steps_for(x)[0] * sweep.steps_for(x)[1] for x in (s, other)]
-            assert s["max_flops"] == other["max_flops"] > 0
-            assert abs(spent[0] - spent[1]) / max(spent) < 0.05  # whole steps: within 5% of each other
+            trio = [s, runs["cross" + name], runs["electra" + name.removeprefix("bert")]]
+            spent = [sweep.steps_for(x)[0] * sweep.steps_for(x)[1] for x in trio]
+            assert s["max_flops"] == trio[1]["max_flops"] == trio[2]["max_flops"] > 0
+            assert (max(spent) - min(spent)) / max(spent) < 0.05  # whole steps: within 5% of each other
             assert max(spent) <= s["max_flops"]
     # CMS off sees the same unique tokens as its CMS-on twin: same steps and batch, half the FLOPs
     off = next(s for n, s in runs.items() if n.endswith("-nocms"))
@@ -70,13 +70,16 @@ def test_sweep_runs_probes_and_resumes(tmp_path, monkeypatch):
     results = [json.loads(x) for x in open(out / "results.jsonl")]
     names = [r["name"] for r in results]
     assert names == ["bert-1x32", "random-bert-1x32", "random-bert-1x32-s1", "crossbert-1x32", "random-crossbert-1x32",
-                     "random-crossbert-1x32-s1"]
+                     "random-crossbert-1x32-s1", "electra-1x32", "random-electra-1x32", "random-electra-1x32-s1"]
     model = sweep.load_checkpoint(out / "bert-1x32" / "ckpt.pt")[0]
     a, b = sweep.random_twin(model, 0), sweep.random_twin(model, 1)  # same shape and vocabulary map, new weights
     assert torch.equal(a.vocab_map, model.vocab_map) and not torch.equal(a.wte.weight, b.wte.weight)
     assert not torch.equal(a.wte.weight, model.wte.weight)
     bert, cross = results[0], results[3]
-    assert bert["flops"] <= 2e9 and cross["flops"] <= 2e9 and abs(bert["flops"] - cross["flops"]) / 2e9 < 0.25
+    electra = results[6]
+    assert electra["settings"]["gen_width"] == 0.5  # a quarter of two heads, rounded up to one head
+    for r in (bert, cross, electra):
+        assert r["flops"] <= 2e9 and abs(r["flops"] - bert["flops"]) / 2e9 < 0.25
     assert bert["steps"] > 0 and bert["unigram_loss"] > 0 and 0 <= bert["scores"]["linear_avg"] <= 100
     assert (out / "results.md").read_text().count("\n") == 2 + len(results)
     try:

@@ -41,9 +41,14 @@ def losses(out_dir):
     return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
-def test_ddp_equals_gradient_accumulation(tmp_path, dataset):
+ELECTRA = ["--model_type=electra", "--gen_width=0.5"]  # its generator one head wide at TINY's two heads
+
+
+@pytest.mark.parametrize("model", [[], ELECTRA], ids=["crossbert", "electra"])
+def test_ddp_equals_gradient_accumulation(tmp_path, dataset, model):
     # 2 micro-batches of 2 x 32 tokens a step: two micro-steps in one process, or one in each of two
-    args = ["--max_iters=4", "--eval_interval=4", "--total_batch_size=128", "--learning_rate=3e-3", "--min_lr=3e-3"]
+    args = ["--max_iters=4", "--eval_interval=4", "--total_batch_size=128", "--learning_rate=3e-3", "--min_lr=3e-3",
+            *model]
     train(tmp_path / "one", dataset, *args)
     train(tmp_path / "two", dataset, *args, nproc=2)
     one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
@@ -56,8 +61,9 @@ def test_ddp_equals_gradient_accumulation(tmp_path, dataset):
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
 
 
-def test_resume_continues_exactly(tmp_path, dataset):
-    args = ["--eval_interval=3", "--total_batch_size=64", "--dropout=0.1"]
+@pytest.mark.parametrize("model", [[], ELECTRA], ids=["crossbert", "electra"])
+def test_resume_continues_exactly(tmp_path, dataset, model):
+    args = ["--eval_interval=3", "--total_batch_size=64", "--dropout=0.1", *model]
     train(tmp_path / "full", dataset, "--max_iters=6", *args)
     train(tmp_path / "cut", dataset, "--max_iters=3", *args)
     out = train(tmp_path / "cut", dataset, "--max_iters=6", "--init_from=resume", *args)
@@ -66,6 +72,19 @@ def test_resume_continues_exactly(tmp_path, dataset):
     assert [cut[s] for s in (4, 5, 6)] == [full[s] for s in (4, 5, 6)]
     ckpt = torch.load(tmp_path / "cut" / "ckpt.pt", weights_only=True)
     assert ckpt["step"] == 6 and ckpt["tokens"] == 6 * 64 and ckpt["flops"] > 0
+
+
+def test_electra_logs_its_loss_parts(tmp_path, dataset):
+    train(tmp_path, dataset, "--max_iters=4", "--eval_interval=4", "--total_batch_size=64", *ELECTRA)
+    logged = records(tmp_path)
+    step = next(r for r in logged if r.get("step") == 4 and "loss" in r)
+    # the loss is the generator's MLM loss + 50 x the RTD loss (rounding: 4 decimals each)
+    assert step["loss"] == pytest.approx(step["mlm_loss"] + 50 * step["rtd_loss"], abs=0.01)
+    val = next(r for r in logged if r.get("step") == 4 and "val_loss" in r)
+    assert 0 <= val["val_rtd_accuracy"] <= 1 and 0 < val["val_rtd_loss"]
+    # with the generator still near uniform over 50k ids, nearly every masked position (15%) is replaced
+    assert val["val_replaced"] == pytest.approx(round(0.15 * 32) / 32, abs=0.01)
+    assert val["below_unigram"] == pytest.approx(logged[0]["unigram_loss"] - val["val_loss"], abs=2e-4)
 
 
 def test_resume_rejects_another_model(tmp_path, dataset):
