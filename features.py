@@ -31,11 +31,8 @@ def load_model(args):
     """(model in eval mode, description) from the add_model_args() options."""
     if args.ckpt == "random":
         torch.manual_seed(args.seed)
-        try:
-            config = ModelConfig(model_type=args.model_type, n_layer=args.n_layer, n_head=args.n_head,
-                                 n_embd=args.n_embd, block_size=args.block_size)
-        except ValueError as e:  # e.g. ELECTRA's generator, a quarter as wide, is not a whole number of heads
-            raise EvalError(str(e)) from None
+        config = ModelConfig(model_type=args.model_type, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+                             block_size=args.block_size)
         model = MODELS[args.model_type](config).to(args.device).eval()
         return model, dict(ckpt="random", model_type=args.model_type, model_args=vars(model.config), seed=args.seed)
     try:

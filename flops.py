@@ -41,7 +41,7 @@ def forward_flops(config, model_type):
         per_view = L * self_block_flops(C, K) + config.pred_layer * cross_block_flops(C, M, K) + head
     else:  # ELECTRA: the generator (projections in at T positions and out at M, its blocks, the LM head), then the
         # discriminator over all T positions and its one-logit RTD head
-        G = round(config.gen_width * C)
+        G = config.gen_embd
         generator = 2 * T * C * G + config.gen_layer * self_block_flops(G, T) + 2 * M * G * C + head
         per_view = generator + L * self_block_flops(C, T) + 2 * T * C
     return V * per_view
@@ -76,7 +76,7 @@ def param_counts(config, model_type):
     if model_type == "crossbert":
         body += config.pred_layer * block + C + C  # predictor, its norm, the mask query
     if model_type == "electra":
-        G = round(config.gen_width * C)
+        G = config.gen_embd
         body += 2 * C * G + config.gen_layer * (12 * G * G + 2 * G) + G  # projections, generator blocks, its norm
         body += C + 1  # the RTD head
     return body + config.vocab_size * C, body
@@ -134,7 +134,7 @@ def main(argv):
     from configurator import configure, fail
     from model import ModelConfig  # only the CLI needs the model's defaults
     # the fields whose default depends on the model stay None, so each model below gets its own
-    defaults = {**asdict(ModelConfig()), "mask_ratio": None, "cms": None, "pred_layer": None}
+    defaults = {**asdict(ModelConfig()), "mask_ratio": None, "cms": None, "pred_layer": None, "gen_layer": None}
     del defaults["model_type"]
     kwargs = configure(defaults, argv)
     rows = {}
@@ -143,13 +143,14 @@ def main(argv):
         try:
             cfg = ModelConfig(model_type=model_type, **kwargs)
             V, K, M = view_shape(cfg.block_size, cfg.mask_ratio, cfg.cms)
-        except ValueError as e:  # e.g. a mask ratio the views cannot realise, or a generator of part of a head
+        except ValueError as e:  # e.g. a mask ratio the views cannot realise
             fail(f"{names[model_type]}: {e}")
         total, body = param_counts(cfg, model_type)
         rows[model_type] = {
             "mask ratio / views": f"{cfg.mask_ratio} / {V}",
             "encoder tokens per view": K if model_type == "crossbert" else cfg.block_size,
             "predicted per view": M,
+            "generator width x depth": f"{cfg.gen_embd} x {cfg.gen_layer}" if model_type == "electra" else "-",
             "params (M)": f"{total / 1e6:.2f}",
             "non-embedding params (M)": f"{body / 1e6:.2f}",
             "train GFLOPs per row": f"{training_flops(cfg, model_type) / 1e9:.3f}",

@@ -20,9 +20,10 @@ trains on every token, but on a flat encoder; the discriminator is the encoder t
     import torch
     from model import ModelConfig, CrossBERT
     model = CrossBERT(ModelConfig(n_layer=4, n_head=4, n_embd=256, block_size=128))
-    # BERT(ModelConfig(model_type="bert", ...)), ELECTRA(...electra...); model_type also picks the masking defaults
+    # BERT(ModelConfig(model_type="bert", ...)) and ELECTRA(ModelConfig(model_type="electra", ...)) alike;
+    # model_type also picks the masking defaults
     idx = torch.randint(0, 50257, (8, 128))                  # token ids
-    logits, loss = model(idx)                                # masked-token pretraining
+    logits, loss = model(idx)                                # masked-token pretraining (ELECTRA: parts, loss)
     loss.backward()
     with torch.no_grad():
         feats = model.encode(idx).mean(dim=1)                # frozen features (8, 256)
@@ -60,7 +61,7 @@ class ModelConfig:
     mask_ratio: float | None = None # None: BERT 0.2, CrossBERT 0.5, ELECTRA 0.15 (ELECTRA's own)
     cms: bool | None = None         # complementary views; None: on for CrossBERT only
     pred_layer: int | None = None   # CrossBERT's predictor depth; None: max(1, n_layer // 4)
-    gen_width: float = 0.25         # ELECTRA's generator width, a fraction of n_embd (see README: ELECTRA)
+    gen_width: float = 0.25         # ELECTRA's generator width, a fraction of n_embd (see gen_embd)
     gen_layer: int | None = None    # ELECTRA's generator depth; None: n_layer, as in ELECTRA
     rtd_weight: float = 50.0        # ELECTRA's loss: MLM + rtd_weight x replaced-token detection
 
@@ -79,13 +80,15 @@ class ModelConfig:
             self.pred_layer = max(1, self.n_layer // 4)
         if self.gen_layer is None:
             self.gen_layer = self.n_layer
-        if self.model_type == "electra":
-            head_dim = self.n_embd // self.n_head
-            width = round(self.gen_width * self.n_embd)
-            if width < head_dim or width % head_dim:
-                options = ", ".join(f"{h * head_dim / self.n_embd:.3g}" for h in range(1, self.n_head + 1))
-                raise ValueError(f"gen_width={self.gen_width} makes a generator {width} wide, not a whole number of "
-                                 f"heads of {head_dim} (the discriminator's head size); pick one of {options}")
+        if self.model_type == "electra" and self.random_replace:
+            raise ValueError("random_replace (BERT's 80/10/10) would show ELECTRA's generator some of the tokens it "
+                             "must predict; leave it off for ELECTRA")
+
+    @property
+    def gen_embd(self):
+        """ELECTRA's generator width: gen_width x n_embd, rounded to whole heads of the discriminator's head size
+        (so both share the RoPE tables), at least one head."""
+        return max(1, round(self.gen_width * self.n_head)) * (self.n_embd // self.n_head)
 
 
 # ----------------------------------------------------------------------------
@@ -235,9 +238,8 @@ class ELECTRA(MaskedLM):
     def __init__(self, config):
         super().__init__(config)
         C = config.n_embd
-        # the generator is a narrow BERT, with the discriminator's head size (so the same RoPE tables)
-        g = replace(config, model_type="bert", n_embd=round(config.gen_width * C),
-                    n_head=round(config.gen_width * config.n_head))
+        # the generator is a narrow BERT, with the discriminator's head size
+        g = replace(config, model_type="bert", n_embd=config.gen_embd, n_head=config.gen_embd // (C // config.n_head))
         self.gen_in = nn.Linear(C, g.n_embd, bias=False)   # the shared embeddings, down to the generator's width
         self.generator = nn.ModuleList(Block(g) for _ in range(config.gen_layer))
         self.ln_g = nn.LayerNorm(g.n_embd, bias=False)
@@ -245,7 +247,7 @@ class ELECTRA(MaskedLM):
         self.rtd_head = nn.Linear(C, 1)                    # per position: was this token replaced?
         self.init_weights()
 
-    def generate(self, idx, target_pos):
+    def run_generator(self, idx, target_pos):
         """The generator: BERT's masked-token prediction, at its own width, on embedding ids idx (N, T) with
         <mask> at target_pos (N, M). Returns its logits (N, M, vocab) there and its loss."""
         T = idx.size(1)
@@ -263,10 +265,11 @@ class ELECTRA(MaskedLM):
         replaced, which is 1 - the accuracy of answering "original" everywhere), and the loss."""
         views = self.sample_views(idx) if views is None else views
         idx = self.vocab_ids(idx)[views.rows]                                          # (N, T): each view's row
-        logits, mlm_loss = self.generate(idx, views.target_pos)
+        logits, mlm_loss = self.run_generator(idx, views.target_pos)
         u = torch.rand(views.target_pos.shape, device=idx.device) if u is None else u
-        # samples are integers: the RTD loss sends no gradient back through them to the generator (as in ELECTRA)
-        replaced, is_replaced = replace_tokens(idx, views.target_pos, logits.detach(), u)
+        # samples are integers: the RTD loss sends no gradient back through them to the generator (as in ELECTRA).
+        # Only text ids are drawn (those below <mask>), so the discriminator never meets <mask> or <pad>
+        replaced, is_replaced = replace_tokens(idx, views.target_pos, logits[..., :self.config.mask_token_id], u)
         h, _ = self.run_encoder(replaced, torch.arange(idx.size(1), device=idx.device))  # (N, T, C)
         rtd_logits = self.rtd_head(h).squeeze(-1).float()                              # (N, T)
         rtd_loss = F.binary_cross_entropy_with_logits(rtd_logits, is_replaced.float())
@@ -280,8 +283,8 @@ def replace_tokens(idx, target_pos, logits, u):
     """The discriminator's input and labels: idx (N, T) with a sample of softmax(logits) (N, M, vocab) at
     target_pos (N, M), drawn by inverse CDF from the uniforms u (N, M); labels (N, T) say where the token
     now differs from the original. A sample that equals the original counts as original, as in ELECTRA."""
-    cdf = logits.float().softmax(-1).cumsum(-1)
-    sampled = torch.searchsorted(cdf, (u * cdf[..., -1])[..., None]).squeeze(-1).clamp(max=logits.size(-1) - 1)
+    cdf = torch.softmax(logits, -1, dtype=torch.float32).cumsum_(-1)  # one (N, M, vocab) fp32 temporary
+    sampled = torch.searchsorted(cdf, (u * cdf[..., -1])[..., None]).squeeze(-1)  # u < 1: always below vocab
     replaced = idx.scatter(1, target_pos, sampled)
     return replaced, replaced != idx
 

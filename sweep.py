@@ -87,11 +87,6 @@ def round_batch(tokens, block_size, nproc):
     return max(quantum, quantum * round(tokens / quantum))
 
 
-def gen_width(n_head):
-    """ELECTRA's generator width: a quarter of the discriminator's, rounded to whole heads (at least one)."""
-    return max(1, round(n_head / 4)) / n_head
-
-
 def run_settings(p, n_layer, n_embd, n_head, model_type, flops, **extra):
     """train.py settings for one run with a FLOP budget: lr and batch from the power laws."""
     F0, lr0, batch0 = p["anchor"]
@@ -99,8 +94,6 @@ def run_settings(p, n_layer, n_embd, n_head, model_type, flops, **extra):
              dataset=p["dataset"], vocab_size=p["vocab_size"], max_flops=float(flops),
              learning_rate=lr0 * (flops / F0) ** LR_EXP,
              total_batch_size=round_batch(batch0 * (flops / F0) ** BATCH_EXP, p["block_size"], p["nproc"]))
-    if model_type == "electra":
-        s["gen_width"] = gen_width(n_head)
     s.update(min_lr=s["learning_rate"] / 10, **extra)
     s["warmup_iters"] = max(1, steps_for(s)[0] // 20)  # 5% of the run
     return s
@@ -111,7 +104,7 @@ def model_config(s):
     args = dict(n_layer=s["n_layer"], n_embd=s["n_embd"], n_head=s["n_head"], block_size=s["block_size"])
     if s.get("vocab_size"):
         args.update(vocab_size=s["vocab_size"])
-    for k in ("mask_ratio", "cms", "pred_layer", "gen_width"):
+    for k in ("mask_ratio", "cms", "pred_layer"):
         if k in s:
             args[k] = s[k]
     return ModelConfig(model_type=s["model_type"], **args)
@@ -134,7 +127,7 @@ def plan(p, axes, families=("bert", "crossbert", "electra")):
                                     vocab_size=p["vocab_size"]))
             budget = p["tokens_per_param"] * param_counts(cfg, "bert")[0] * training_flops(cfg, "bert") / cfg.block_size
         for model_type in families:
-            if "main" in axes or i == p["ablation_size"] and model_type != "electra":  # the ablations' reference
+            if "main" in axes or (i == p["ablation_size"] and model_type != "electra"):  # the ablations' reference
                 runs.append((f"{model_type}-{L}x{C}", "main", run_settings(p, L, C, H, model_type, budget)))
         if i != p["ablation_size"]:
             continue
@@ -252,7 +245,8 @@ def plots(results, out_dir):
                         label=f"{fam} random init (mean, range)")
         ax.set(xscale="log", xlabel="training FLOPs", title=title)
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decades only: no overlapping labels
-        ax.legend(fontsize=8)
+        if ax.has_data():  # a score no run has (zero-shot STS with --sts=) leaves its panel empty
+            ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "probe_vs_flops.png"), dpi=120)
     written.append("probe_vs_flops.png")

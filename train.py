@@ -47,9 +47,9 @@ n_embd = 128
 block_size = 128
 pred_layer = None             # CrossBERT predictor depth; None = max(1, n_layer // 4)
 mask_ratio = None             # None = the model's default: BERT 0.2, CrossBERT 0.5, ELECTRA 0.15
-cms = None                    # complementary views; None = the model's default: CrossBERT on, BERT off
+cms = None                    # complementary views; None = the model's default: on for CrossBERT only
 random_replace = False        # BERT's 80/10/10 corruption
-gen_width = 0.25              # ELECTRA's generator width, a fraction of n_embd
+gen_width = 0.25              # ELECTRA's generator width, a fraction of n_embd (rounded to whole heads)
 gen_layer = None              # ELECTRA's generator depth; None = n_layer
 rtd_weight = 50.0             # ELECTRA's loss: generator MLM + rtd_weight x replaced-token detection
 dropout = 0.0
@@ -415,8 +415,8 @@ while True:
     if step % eval_interval == 0 or last:
         t_eval = time.perf_counter()
         val_loss, *rtd = estimate_val_loss()
-        if not math.isfinite(val_loss):
-            stop_non_finite("the validation loss", val_loss)
+        if not all(map(math.isfinite, [val_loss, *rtd])):
+            stop_non_finite("the validation loss", [val_loss, *rtd])
         record = {"step": step, "val_loss": round(val_loss, 4), "below_unigram": round(unigram - val_loss, 4),
                   "tokens": tokens_seen, "flops": flops_seen}
         gap = unigram - val_loss
@@ -473,8 +473,8 @@ while True:
                   "input_tokens_per_s": round(tokens_per_step / dt), "view_positions_per_s": round(positions_per_step / dt),
                   "mfu": round(flops_per_step / dt / peak, 4), "tokens": tokens_seen, "flops": flops_seen,
                   "ms_per_step": round(1000 * dt, 1)}
-        log(f"step {step}/{max_iters}: loss {train_loss:.4f}"
-            + (f" (generator MLM {rtd[0]:.4f} + {rtd_weight:g} x RTD {rtd[1]:.4f})" if rtd else "") + f", lr {lr:.2e}, {record['input_tokens_per_s']} input tok/s "
+        parts = f" (generator MLM {rtd[0]:.4f} + {rtd_weight:g} x RTD {rtd[1]:.4f})" if rtd else ""
+        log(f"step {step}/{max_iters}: loss {train_loss:.4f}{parts}, lr {lr:.2e}, {record['input_tokens_per_s']} input tok/s "
             f"({record['view_positions_per_s']} view positions/s), MFU {100 * record['mfu']:.1f}%, "
             f"{1000 * dt:.0f} ms/step, {flops_seen:.2e} FLOPs")
         write_log(record)

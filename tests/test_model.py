@@ -11,13 +11,11 @@ from masking import make_views
 from model import MODELS, ModelConfig, replace_tokens
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
-GEN = dict(gen_width=0.5)  # ELECTRA's generator, one head wide at TINY's two heads
 
 
 def tiny(model_type, **kw):
     torch.manual_seed(0)
-    extra = GEN if model_type == "electra" else {}
-    return MODELS[model_type](ModelConfig(model_type=model_type, **{**TINY, **extra, **kw})).eval()
+    return MODELS[model_type](ModelConfig(model_type=model_type, **{**TINY, **kw})).eval()
 
 
 def model_args(model, idx, views, seed=0):
@@ -39,8 +37,11 @@ def test_defaults_follow_the_paper():
     assert tiny("crossbert", n_layer=2).config.pred_layer == 1
     c = tiny("electra", n_layer=3).config
     assert (c.mask_ratio, c.cms, c.gen_layer, c.rtd_weight) == (0.15, False, 3, 50.0)
-    with pytest.raises(ValueError, match="gen_width=0.25 makes a generator 8 wide.*pick one of 0.5, 1"):
-        tiny("electra", gen_width=0.25)  # heads of 16: a quarter of 32 is half a head
+    # the generator's width rounds to whole heads of the discriminator's head size, at least one
+    assert c.gen_embd == 16  # a quarter of 2 heads of 16 is half a head: one head
+    assert [ModelConfig(model_type="electra", n_embd=768, n_head=12, gen_width=w).gen_embd for w in (0.25, 1 / 3)] == [192, 256]
+    with pytest.raises(ValueError, match="random_replace"):
+        tiny("electra", random_replace=True)  # 80/10/10 would leave some originals for the generator to see
 
 
 def test_config_round_trips_and_names_its_model():
@@ -121,14 +122,14 @@ def test_param_counts_match(model_type):
 @pytest.mark.parametrize("model_type,mask_ratio,cms", [("bert", 0.2, False), ("bert", 0.5, True),
                                                         ("crossbert", 0.5, False), ("crossbert", 0.5, True),
                                                         ("crossbert", 0.75, True), ("electra", 0.15, False),
-                                                        ("electra", 0.25, False)])
+                                                        ("electra", 0.5, True)])
 @pytest.mark.parametrize("shape", [dict(n_layer=2, n_head=2, n_embd=64, block_size=64),
                                    dict(n_layer=4, n_head=4, n_embd=128, block_size=128, vocab_size=512,
                                         mask_token_id=510)])
 def test_analytic_flops_match_flop_counter(model_type, mask_ratio, cms, shape):
     torch.manual_seed(0)
     # ELECTRA: a generator one head wide and one block deep, so its own terms differ from the discriminator's
-    extra = dict(gen_width=0.5 if shape["n_head"] == 2 else 0.25, gen_layer=1) if model_type == "electra" else {}
+    extra = dict(gen_width=0.5, gen_layer=1) if model_type == "electra" else {}
     model = MODELS[model_type](ModelConfig(model_type=model_type, **shape, mask_ratio=mask_ratio, cms=cms, **extra))
     B = 2
     idx = torch.randint(0, 500, (B, shape["block_size"]))
@@ -142,9 +143,8 @@ def test_analytic_flops_match_flop_counter(model_type, mask_ratio, cms, shape):
 @pytest.mark.parametrize("model_type", ["bert", "crossbert", "electra"])
 def test_overfits_one_batch(model_type):
     torch.manual_seed(0)
-    extra = GEN if model_type == "electra" else {}
     model = MODELS[model_type](ModelConfig(model_type=model_type, n_layer=2, n_head=2, n_embd=64, block_size=32,
-                                           vocab_size=256, mask_token_id=255, **extra))
+                                           vocab_size=256, mask_token_id=255))
     idx = torch.randint(0, 250, (2, 32))
     views = views_for(model, 2)
     opt = model.configure_optimizers(0.0, 2e-3, (0.9, 0.95), "cpu")
@@ -175,13 +175,13 @@ def test_generator_never_sees_the_original_at_masked_positions():
     model = tiny("electra")
     idx = torch.randint(0, 50257, (2, 32))
     views = views_for(model, 2)
-    logits, _ = model.generate(idx, views.target_pos)
+    logits, _ = model.run_generator(idx, views.target_pos)
     changed = idx.scatter(1, views.target_pos, (idx.gather(1, views.target_pos) + 1) % 50257)
-    assert torch.equal(model.generate(changed, views.target_pos)[0], logits)
+    assert torch.equal(model.run_generator(changed, views.target_pos)[0], logits)
     # control: a token it is shown does move its predictions
     control = idx.clone()
     control[0, views.visible_pos[0, 0]] += 1
-    assert not torch.allclose(model.generate(control, views.target_pos)[0][0], logits[0], atol=1e-4)
+    assert not torch.allclose(model.run_generator(control, views.target_pos)[0][0], logits[0], atol=1e-4)
 
 
 def test_rtd_label_is_replaced_token_differs_from_original(monkeypatch):
@@ -198,13 +198,27 @@ def test_rtd_label_is_replaced_token_differs_from_original(monkeypatch):
     expected = torch.zeros_like(idx, dtype=torch.bool).scatter(1, views.target_pos[:, ~keep], True)
     assert torch.equal(labels, expected)  # a sample equal to the original counts as original
     # and forward trains the discriminator on exactly these labels
-    monkeypatch.setattr(model, "generate", lambda i, pos: (logits, logits.sum() * 0))
+    monkeypatch.setattr(model, "run_generator", lambda i, pos: (logits, logits.sum() * 0))
     seen = []
     model.rtd_head.register_forward_hook(lambda m, args, out: seen.append(out.squeeze(-1)))
     parts, _ = model(idx, views, torch.rand(target.shape))
     bce = torch.nn.functional.binary_cross_entropy_with_logits(seen[0], expected.float())
     assert parts[1].item() == pytest.approx(bce.item(), abs=1e-6)
     assert parts[3].item() == pytest.approx(expected.float().mean().item())  # the share of positions replaced
+
+
+def test_generator_samples_text_ids_only(monkeypatch):
+    model = tiny("electra", vocab_size=64, token_ids=64, mask_token_id=62)
+    idx = torch.randint(0, 60, (4, 32))
+    views = views_for(model, 4)
+    # a generator all but sure of <mask> (62) and <pad> (63), with a little mass on text ids
+    logits = torch.zeros(*views.target_pos.shape, 64)
+    logits[..., 62:] = 30.0
+    monkeypatch.setattr(model, "run_generator", lambda i, pos: (logits, logits.sum() * 0))
+    seen = []  # with the generator patched out, the embedding is read by the discriminator alone
+    model.wte.register_forward_hook(lambda m, args, out: seen.append(args[0]))
+    parts, _ = model(idx, views, torch.rand(views.target_pos.shape))
+    assert seen[0].max() < 62 and parts[3] > 0.1  # replaced, and only by text ids
 
 
 def test_samples_follow_the_generator_distribution():
@@ -229,3 +243,14 @@ def test_no_rtd_gradient_reaches_the_generator():
     # control: the RTD term does reach the discriminator, and the token embeddings the two share
     assert not torch.equal(grads[50.0]["blocks.0.attn.q.weight"], grads[0.0]["blocks.0.attn.q.weight"])
     assert not torch.equal(grads[50.0]["wte.weight"], grads[0.0]["wte.weight"])
+
+
+def test_flops_cli_counts_each_model_with_its_own_defaults(capsys):
+    import flops
+    flops.main(["--n_layer=3", "--n_head=4", "--n_embd=64", "--block_size=32", "--vocab_size=512"])
+    rows = {line[:28].strip(): line[28:].split() for line in capsys.readouterr().out.splitlines()}
+    for i, model_type in enumerate(("bert", "crossbert", "electra")):
+        cfg = ModelConfig(model_type=model_type, n_layer=3, n_head=4, n_embd=64, block_size=32, vocab_size=512)
+        assert float(rows["params (M)"][i]) == round(param_counts(cfg, model_type)[0] / 1e6, 2)
+    # ELECTRA's generator gets the discriminator's depth and a quarter of its width (one head of 16)
+    assert rows["generator width x depth"][2:] == ["16", "x", "3"]

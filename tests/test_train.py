@@ -41,7 +41,7 @@ def losses(out_dir):
     return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
-ELECTRA = ["--model_type=electra", "--gen_width=0.5"]  # its generator one head wide at TINY's two heads
+ELECTRA = ["--model_type=electra"]
 
 
 @pytest.mark.parametrize("model", [[], ELECTRA], ids=["crossbert", "electra"])
@@ -82,8 +82,8 @@ def test_electra_logs_its_loss_parts(tmp_path, dataset):
     assert step["loss"] == pytest.approx(step["mlm_loss"] + 50 * step["rtd_loss"], abs=0.01)
     val = next(r for r in logged if r.get("step") == 4 and "val_loss" in r)
     assert 0 <= val["val_rtd_accuracy"] <= 1 and 0 < val["val_rtd_loss"]
-    # with the generator still near uniform over 50k ids, nearly every masked position (15%) is replaced
-    assert val["val_replaced"] == pytest.approx(round(0.15 * 32) / 32, abs=0.01)
+    # only masked positions (15%, 5 of 32) can be replaced; a generator this young rarely samples the original
+    assert 0.1 < val["val_replaced"] <= 5 / 32
     assert val["below_unigram"] == pytest.approx(logged[0]["unigram_loss"] - val["val_loss"], abs=2e-4)
 
 
