@@ -267,9 +267,11 @@ class ELECTRA(MaskedLM):
         idx = self.vocab_ids(idx)[views.rows]                                          # (N, T): each view's row
         logits, mlm_loss = self.run_generator(idx, views.target_pos)
         u = torch.rand(views.target_pos.shape, device=idx.device) if u is None else u
-        # samples are integers: the RTD loss sends no gradient back through them to the generator (as in ELECTRA).
-        # Only text ids are drawn (those below <mask>), so the discriminator never meets <mask> or <pad>
-        replaced, is_replaced = replace_tokens(idx, views.target_pos, logits[..., :self.config.mask_token_id], u)
+        # sampling is not differentiated (as in ELECTRA): the samples are integers, so the RTD loss sends no gradient
+        # to the generator through them, and detach() keeps the sampling out of the graph. Only text ids are drawn
+        # (those below <mask>), so the discriminator never meets <mask> or <pad>
+        text_logits = logits.detach()[..., :self.config.mask_token_id]
+        replaced, is_replaced = replace_tokens(idx, views.target_pos, text_logits, u)
         h, _ = self.run_encoder(replaced, torch.arange(idx.size(1), device=idx.device))  # (N, T, C)
         rtd_logits = self.rtd_head(h).squeeze(-1).float()                              # (N, T)
         rtd_loss = F.binary_cross_entropy_with_logits(rtd_logits, is_replaced.float())
