@@ -3,7 +3,7 @@ The paper's comparison at your scale: BERT, CrossBERT and ELECTRA families train
 FLOPs, every final checkpoint probed frozen, next to random-init twins of the same shape.
 
     python sweep.py --preset=cpu --dry_run           # the plan: runs, FLOPs, estimated time; trains nothing
-    python sweep.py --preset=cpu                      # 2 CPU cores, about 75 minutes; writes sweep-cpu/
+    python sweep.py --preset=cpu                      # 2 CPU cores, under an hour; writes sweep-cpu/
     python sweep.py --preset=gpu --nproc=8            # one 8-GPU node over the paper's range (needs DCLM, see below)
     python sweep.py --preset=cpu --tasks=path/a,path/b   # probe your own task folders instead of GLUE
 
