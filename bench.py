@@ -36,14 +36,11 @@ settings = dict(
 )
 
 
-def model_config(model_type, s):
-    return ModelConfig(model_type=model_type, n_layer=s["n_layer"], n_head=s["n_head"], n_embd=s["n_embd"],
-                       block_size=s["block_size"], gen_width=s["gen_width"])
-
-
 def bench(model_type, s, device, autocast):
     torch.manual_seed(s["seed"])
-    model = MODELS[model_type](model_config(model_type, s)).to(device)
+    model = MODELS[model_type](ModelConfig(model_type=model_type, n_layer=s["n_layer"], n_head=s["n_head"],
+                                           n_embd=s["n_embd"], block_size=s["block_size"],
+                                           gen_width=s["gen_width"])).to(device)
     cfg = model.config
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.type)
     step_fn = torch.compile(model) if s["compile"] else model

@@ -234,6 +234,7 @@ class CrossBERT(MaskedLM):
 class ELECTRA(MaskedLM):
     """The encoder stack is the discriminator; the generator shares its token embeddings."""
     model_type = "electra"
+    parts = ("mlm_loss", "rtd_loss", "rtd_accuracy", "replaced")  # what forward() returns beside the loss, in order
 
     def __init__(self, config):
         super().__init__(config)
@@ -261,8 +262,8 @@ class ELECTRA(MaskedLM):
     def forward(self, idx, views=None, u=None):
         """Replaced-token detection on idx (B, T). u (N, M): uniforms in [0, 1) that pick the generator's samples
         (the caller draws them from its own generator, for reproducible runs; None draws them here).
-        Returns the loss's parts, detached: (generator MLM loss, RTD loss, RTD accuracy, share of positions
-        replaced, which is 1 - the accuracy of answering "original" everywhere), and the loss."""
+        Returns the loss's parts, detached (named in ELECTRA.parts): the generator's MLM loss, the RTD loss, the RTD
+        accuracy, the share of positions replaced (1 - the accuracy of answering "original" everywhere); and the loss."""
         views = self.sample_views(idx) if views is None else views
         idx = self.vocab_ids(idx)[views.rows]                                          # (N, T): each view's row
         logits, mlm_loss = self.run_generator(idx, views.target_pos)

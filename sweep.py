@@ -32,7 +32,7 @@ import torch
 from configurator import configure, fail
 from flops import budget_steps, param_counts, training_flops
 from checkpoint import load_checkpoint
-from model import ModelConfig
+from model import MODELS, ModelConfig
 
 # -----------------------------------------------------------------------------
 # Presets. Power laws: lr = lr0 * (F / F0) ** LR_EXP and batch = batch0 * (F / F0) ** BATCH_EXP tokens, with
@@ -71,7 +71,7 @@ settings = dict(
     out_dir="",               # "" = sweep-<preset>
     dry_run=False,
     axes="main,mask,cms,predictor",
-    families="bert,crossbert,electra",        # the models of the main comparison
+    families=",".join(MODELS),                # the models of the main comparison: bert,crossbert,electra
     tasks="SST-2,CoLA,MRPC,STS-B,RTE,WNLI",   # GLUE names (read from glue_dir) or task folders (train.tsv, dev.tsv)
     glue_dir="../shared/glue",
     sts="../shared/glue/STS-B",               # zero-shot STS (embed.py); "" = skip
@@ -117,7 +117,7 @@ def steps_for(s):
     return budget_steps(s["max_flops"], per_step) if s.get("max_flops") else s["max_iters"], per_step
 
 
-def plan(p, axes, families=("bert", "crossbert", "electra")):
+def plan(p, axes, families=tuple(MODELS)):
     """[(name, axis, train.py settings)] for the preset."""
     runs = []
     for i, (L, C, H) in enumerate(p["sizes"]):
@@ -294,9 +294,9 @@ def main(argv):
     p["nproc"] = s["nproc"] or p["nproc"]
     out_dir = s["out_dir"] or f"sweep-{s['preset']}"
     families = s["families"].split(",")
-    unknown = [f for f in families if f not in ("bert", "crossbert", "electra")]
+    unknown = [f for f in families if f not in MODELS]
     if unknown:
-        fail(f"--families: unknown {', '.join(unknown)}; expected a comma-separated subset of bert,crossbert,electra")
+        fail(f"--families: unknown {', '.join(unknown)}; expected a comma-separated subset of {','.join(MODELS)}")
     runs = plan(p, s["axes"].split(","), families)
     extra = {k: v for k, v in (("dtype", p["dtype"]), ("eval_interval", p["eval_interval"])) if v}
 

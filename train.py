@@ -35,7 +35,7 @@ from data.loader import TokenWindows, unigram_loss
 from data.tokenizer import VOCAB_SIZE, compact_vocab
 from flops import budget_steps, fastest_dtype, peak_flops, training_flops
 from masking import Views, make_views, view_shape
-from model import MODELS, ModelConfig
+from model import ELECTRA, MODELS, ModelConfig
 
 # -----------------------------------------------------------------------------
 # settings: the defaults train a tiny CrossBERT on 2 CPU cores in under 10 minutes (see README: the CPU recipe)
@@ -423,7 +423,7 @@ while True:
         line = (f"step {step}: val loss {val_loss:.4f}{' (generator)' if rtd else ''}, {abs(gap):.3f} nats "
                 f"{'below' if gap >= 0 else 'above'} the unigram baseline {unigram:.3f}")
         if rtd:  # ELECTRA: its discriminator, against answering "original" everywhere
-            record.update(val_rtd_loss=round(rtd[0], 4), val_rtd_accuracy=round(rtd[1], 4), val_replaced=round(rtd[2], 4))
+            record.update({f"val_{name}": round(x, 4) for name, x in zip(ELECTRA.parts[1:], rtd)})
             line += (f"; RTD loss {rtd[0]:.4f}, accuracy {100 * rtd[1]:.2f}% (all \"original\" scores "
                      f"{100 - 100 * rtd[2]:.2f}%)")
         if probe_interval and step % probe_interval == 0:
@@ -469,7 +469,7 @@ while True:
             stop_non_finite("the training loss", train_loss)
         dt = (time.perf_counter() - t_log) / steps_since_log
         record = {"step": step, "loss": round(train_loss, 4), "lr": lr,
-                  **dict(zip(("mlm_loss", "rtd_loss", "rtd_accuracy", "replaced"), (round(x, 4) for x in rtd))),
+                  **{name: round(x, 4) for name, x in zip(ELECTRA.parts, rtd)},
                   "input_tokens_per_s": round(tokens_per_step / dt), "view_positions_per_s": round(positions_per_step / dt),
                   "mfu": round(flops_per_step / dt / peak, 4), "tokens": tokens_seen, "flops": flops_seen,
                   "ms_per_step": round(1000 * dt, 1)}
