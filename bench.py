@@ -37,7 +37,11 @@ settings = dict(
 
 
 def bench(model_type, s, device, autocast):
+    """Time s["steps"] training steps of one model: a dict of its config, input tokens/s, view positions/s,
+    FLOP/s, the seconds of the untimed warmup (compilation happens there), the peak device memory (CUDA) and,
+    with s["flash_check"], the flash check's outcome (True, or the error it raised)."""
     torch.manual_seed(s["seed"])
+    t_start = time.perf_counter()
     model = MODELS[model_type](ModelConfig(model_type=model_type, n_layer=s["n_layer"], n_head=s["n_head"],
                                            n_embd=s["n_embd"], block_size=s["block_size"],
                                            gen_width=s["gen_width"])).to(device)
@@ -47,6 +51,8 @@ def bench(model_type, s, device, autocast):
     B, T = s["batch_size"], s["block_size"]
     idx = torch.randint(0, 50257, (B, T), device=device)
     gen = torch.Generator(device).manual_seed(s["seed"])
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
 
     def step():
         views = make_views(B, T, cfg.mask_ratio, cfg.cms, generator=gen)
@@ -69,9 +75,16 @@ def bench(model_type, s, device, autocast):
     loss.item()
     dt = (time.perf_counter() - t0) / s["steps"]
     V, _, _ = view_shape(T, cfg.mask_ratio, cfg.cms)
+    out = dict(config=cfg, input_tokens_per_s=B * T / dt, view_positions_per_s=B * V * T / dt,
+               flops_per_s=training_flops(cfg, model_type, B) / dt, warmup_s=t0 - t_start,
+               peak_memory=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)
     if s["flash_check"]:
-        flash_check(model, idx, autocast)
-    return cfg, B * T / dt, B * V * T / dt, training_flops(cfg, model_type, B) / dt
+        try:
+            flash_check(model, idx, autocast)
+            out["flash"] = True
+        except RuntimeError as e:  # SDPA's "No available kernel", with its reasons
+            out["flash"] = " ".join(str(e).split())
+    return out
 
 
 def flash_check(model, idx, autocast):
@@ -96,13 +109,17 @@ def main():
     result = {}
     out = {}
     for model_type in ("bert", "crossbert", "electra"):
-        cfg, input_tps, view_tps, flops_per_s = bench(model_type, s, device, autocast)
-        result[model_type] = cfg
-        out.update({f"{model_type}_input_tokens_per_s": round(input_tps, 1),
-                    f"{model_type}_view_positions_per_s": round(view_tps, 1),
-                    f"{model_type}_mfu": round(flops_per_s / peak, 4)})
-        print(f"{model_type:9s} mask {cfg.mask_ratio} cms={cfg.cms}: {input_tps:9.0f} input tokens/s, {view_tps:9.0f} "
-              f"view positions/s, {flops_per_s / 1e12:.3f} TFLOP/s, MFU {100 * flops_per_s / peak:.1f}%")
+        r = bench(model_type, s, device, autocast)
+        result[model_type] = cfg = r["config"]
+        out.update({f"{model_type}_input_tokens_per_s": round(r["input_tokens_per_s"], 1),
+                    f"{model_type}_view_positions_per_s": round(r["view_positions_per_s"], 1),
+                    f"{model_type}_mfu": round(r["flops_per_s"] / peak, 4)})
+        memory = f", peak memory {r['peak_memory'] / 2**30:.1f} GiB" if r["peak_memory"] else ""
+        print(f"{model_type:9s} mask {cfg.mask_ratio} cms={cfg.cms}: {r['input_tokens_per_s']:9.0f} input tokens/s, "
+              f"{r['view_positions_per_s']:9.0f} view positions/s, {r['flops_per_s'] / 1e12:.3f} TFLOP/s, "
+              f"MFU {100 * r['flops_per_s'] / peak:.1f}%{memory}")
+        if r.get("flash", True) is not True:
+            fail(f"--flash_check: FlashAttention cannot serve {model_type}: {r['flash']}")
     bert_cfg, cross_cfg = result["bert"], result["crossbert"]
     speedup = out["crossbert_view_positions_per_s"] / out["bert_view_positions_per_s"]
     flops_ratio = flops_per_position(bert_cfg, "bert") / flops_per_position(cross_cfg, "crossbert")

@@ -50,6 +50,7 @@ PRESETS = {
         flops_per_s=1.5e11,                    # achieved training FLOP/s on 2 CPU cores (bf16), for the time estimate,
         step_s=0.05,                           # + a fixed cost per step (small models are overhead-bound on CPUs)
         overhead_s=75,                         # + per run: compilation, validation, probing
+        micro_batch=16,                        # rows per micro-step, at most (train.py's default)
         probe_max_train=2000, eval_interval=100, nproc=1,
     ),
     "gpu": dict(
@@ -62,6 +63,9 @@ PRESETS = {
         flops_per_s=8 * 989e12 * 0.35,         # 8 H100/H200 at 35% MFU
         step_s=0.0,
         overhead_s=300,
+        # rows per micro-step per GPU, at most: 64 rows of the largest size took 65 (BERT), 97 (CrossBERT) and
+        # 75 GiB (ELECTRA) at peak on one H200 (eager bf16, results/gpu/); on 80 GB GPUs pass --micro_batch=32
+        micro_batch=64,
         probe_max_train=20000, eval_interval=1000, nproc=8,
     ),
 }
@@ -76,24 +80,30 @@ settings = dict(
     glue_dir="../shared/glue",
     sts="../shared/glue/STS-B",               # zero-shot STS (embed.py); "" = skip
     nproc=0,                  # processes per run (torchrun); 0 = the preset's
+    micro_batch=0,            # rows per micro-step per process, at most; 0 = the preset's (what fits its device)
     random_seeds=3,           # random-init twins per main run: their spread says how much a difference means
     compile=True,
+    device="cuda" if torch.cuda.is_available() else "cpu",  # where checkpoints and their twins are probed
 )
 
 
-def round_batch(tokens, block_size, nproc):
-    """A batch of whole rows that splits evenly over the processes, as close to `tokens` as that allows."""
-    quantum = block_size * nproc
-    return max(quantum, quantum * round(tokens / quantum))
+def split_batch(tokens, block_size, nproc, cap):
+    """(total_batch_size, micro-batch rows): whole rows near `tokens`, split evenly over the processes, each
+    process's rows cut into the fewest equal micro-steps of at most `cap` rows. Rows are rounded to make the
+    micro-steps equal, so a micro-batch is never a small divisor of an awkward row count."""
+    rows = max(1, round(tokens / (block_size * nproc)))  # per process
+    micro_steps = -(-rows // cap)
+    micro = -(-rows // micro_steps)
+    return micro * micro_steps * nproc * block_size, micro
 
 
 def run_settings(p, n_layer, n_embd, n_head, model_type, flops, **extra):
     """train.py settings for one run with a FLOP budget: lr and batch from the power laws."""
     F0, lr0, batch0 = p["anchor"]
+    total, micro = split_batch(batch0 * (flops / F0) ** BATCH_EXP, p["block_size"], p["nproc"], p["micro_batch"])
     s = dict(model_type=model_type, n_layer=n_layer, n_embd=n_embd, n_head=n_head, block_size=p["block_size"],
              dataset=p["dataset"], vocab_size=p["vocab_size"], max_flops=float(flops),
-             learning_rate=lr0 * (flops / F0) ** LR_EXP,
-             total_batch_size=round_batch(batch0 * (flops / F0) ** BATCH_EXP, p["block_size"], p["nproc"]))
+             learning_rate=lr0 * (flops / F0) ** LR_EXP, total_batch_size=total, batch_size=micro)
     s.update(min_lr=s["learning_rate"] / 10, **extra)
     s["warmup_iters"] = max(1, steps_for(s)[0] // 20)  # 5% of the run
     return s
@@ -108,6 +118,11 @@ def model_config(s):
         if k in s:
             args[k] = s[k]
     return ModelConfig(model_type=s["model_type"], **args)
+
+
+def accumulation(s, nproc):
+    """Micro-steps per optimizer step in each process."""
+    return s["total_batch_size"] // s["block_size"] // nproc // s["batch_size"]
 
 
 def steps_for(s):
@@ -188,7 +203,7 @@ def evaluate(model, tasks, glue_dir, sts, max_train):
 def random_twin(model, seed=0):
     """A model of the same shape (and vocabulary map) with fresh random weights: the baseline to beat."""
     torch.manual_seed(seed)
-    twin = type(model)(model.config)
+    twin = type(model)(model.config).to(next(model.parameters()).device)
     if model.vocab_map is not None:
         twin.vocab_map.copy_(model.vocab_map)
     return twin.eval()
@@ -292,6 +307,7 @@ def main(argv):
         fail(f"--preset={s['preset']!r}: expected one of {', '.join(PRESETS)}")
     p = dict(PRESETS[s["preset"]])
     p["nproc"] = s["nproc"] or p["nproc"]
+    p["micro_batch"] = s["micro_batch"] or p["micro_batch"]
     out_dir = s["out_dir"] or f"sweep-{s['preset']}"
     families = s["families"].split(",")
     unknown = [f for f in families if f not in MODELS]
@@ -309,7 +325,9 @@ def main(argv):
         total_flops, total_s = total_flops + steps * per_step, total_s + est
         print(f"  {name:26s} {axis:9s} {param_counts(cfg, rs['model_type'])[0] / 1e6:7.2f}M params  "
               f"budget {rs['max_flops'] or steps * per_step:.2e} FLOPs = {steps:6d} steps x "
-              f"{rs['total_batch_size']:7d} tokens  lr {rs['learning_rate']:.2e}  ~{est / 60:.1f} min")
+              f"{rs['total_batch_size']:7d} tokens ({p['nproc']} x {accumulation(rs, p['nproc'])} x "
+              f"{rs['batch_size']} rows)  lr {rs['learning_rate']:.2e}  ~{est / 60:.1f} min")
+    print("  (a step's rows: processes x micro-steps x rows per micro-step)")
     print(f"total {total_flops:.2e} training FLOPs, about {total_s / 60:.0f} minutes on this preset's hardware "
           f"({p['flops_per_s']:.1e} FLOP/s achieved, {p['step_s']} s per step and {p['overhead_s']} s per run on top)")
     if s["dry_run"]:
@@ -344,7 +362,7 @@ def main(argv):
             print(f"sweep: training {name} ...", flush=True)
             train(name, {**rs, **extra}, run_dir, p["nproc"], s["compile"])
             t1 = time.time()
-            model, ckpt = load_checkpoint(os.path.join(run_dir, "ckpt.pt"))
+            model, ckpt = load_checkpoint(os.path.join(run_dir, "ckpt.pt"), s["device"])
             log = read_log(run_dir)
             vals = [x for x in log if "val_loss" in x]
             r = dict(name=name, axis=axis, model_type=rs["model_type"], settings=rs, params=model.num_params(),
@@ -362,7 +380,7 @@ def main(argv):
             if twin in done:
                 continue
             if model is None:
-                model, _ = load_checkpoint(os.path.join(run_dir, "ckpt.pt"))
+                model, _ = load_checkpoint(os.path.join(run_dir, "ckpt.pt"), s["device"])
             r = dict(name=twin, axis="random", model_type=rs["model_type"], settings=rs, params=model.num_params(),
                      flops=0, size_flops=rs["max_flops"], tokens=0, steps=0, val_loss=None, unigram_loss=None,
                      scores=evaluate(random_twin(model, seed), tasks, s["glue_dir"], sts, p["probe_max_train"]), log=[])

@@ -13,6 +13,7 @@ Resume a run from its out_dir:
 
 Settings are the globals below; config/*.py files and --key=value arguments override them.
 """
+import datetime
 import gc
 import json
 import math
@@ -150,6 +151,9 @@ if ddp:
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
     dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    # the other processes wait out the master's probes in this group: a probe may take longer than the process
+    # group's timeout (10-30 min), which would end the run in whatever collective they waited in instead
+    probe_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=1)) if probe_interval else None
 device_type = "cuda" if device.startswith("cuda") else "cpu"
 
 
@@ -254,7 +258,7 @@ if init_from == "resume":
     if not os.path.exists(ckpt_path):
         fail(f"init_from=resume: no checkpoint at {ckpt_path}; check out_dir or start with init_from=scratch")
     try:
-        ckpt = checkpoint.read_checkpoint(ckpt_path, device)
+        ckpt = checkpoint.read_checkpoint(ckpt_path)  # on the CPU: the state is copied into the model and optimizer
     except ValueError as e:
         fail(f"{e} (or start over: --init_from=scratch --overwrite=True)")
     if ckpt["model_type"] != model_type:
@@ -272,8 +276,14 @@ if init_from == "resume":
     set_model_state_dict(model, ckpt["model"], options=FULL)
     set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=FULL)
     step, tokens_seen, flops_seen, best_val_loss = ckpt["step"], ckpt["tokens"], ckpt["flops"], ckpt["best_val_loss"]
-    set_rng_state(ckpt["rng"][rank % len(ckpt["rng"])])
+    if ckpt.get("rng_device", device_type) == device_type:
+        set_rng_state(ckpt["rng"][rank % len(ckpt["rng"])])
+    else:  # a generator's state cannot move between device types; only dropout draws from it (data has its own)
+        log(f"note: {ckpt_path} holds {ckpt['rng_device']} RNG states and this run is on {device_type}: dropout draws a "
+            f"fresh stream{' (dropout is 0: nothing changes)' if not dropout else ', so the run is no longer exact'}")
     log(f"resumed from {ckpt_path} at step {step}")
+    resumed_max_iters = ckpt.get("max_iters")  # the run's length after its budget (older checkpoints: unknown)
+    del ckpt  # the copies live in the model and optimizer now
 elif os.path.exists(ckpt_path) and not overwrite:
     fail(f"{out_dir} already holds a checkpoint ({ckpt_path}); resume it with --init_from=resume, pick another "
          "--out_dir, or pass --overwrite=True to replace it")
@@ -286,6 +296,9 @@ if ddp and not fsdp:  # the only buffers are the RoPE tables and the vocabulary 
 flops_per_step = training_flops(config, model_type, rows_per_step)  # all processes together
 if max_flops:  # a compute budget: the most steps that fit in it, and the LR schedule follows
     max_iters = budget_steps(max_flops, flops_per_step)
+if init_from == "resume" and resumed_max_iters not in (None, max_iters):
+    log(f"note: the run was {resumed_max_iters} steps long and is now {max_iters}: the cosine schedule follows the new "
+        f"length from step {step} on, so this run equals neither length run from scratch")
 tokens_per_step = rows_per_step * block_size               # input tokens: unique data
 positions_per_step = rows_per_step * n_views * block_size  # view positions: what complementary masking multiplies
 peak = peak_flops(torch.device(device), getattr(torch, dtype)) * world_size  # every device's peak
@@ -310,17 +323,24 @@ def metrics(out, loss):
     return torch.cat([loss.detach().float()[None], out.float()]) if model_type == "electra" else loss.detach()[None]
 
 
+def my_rows(micro):
+    """This process's rows of a step's batch in micro-step `micro`."""
+    first = (rank * grad_accum + micro) * micro_batch
+    return slice(first, first + micro_batch)
+
+
 @torch.no_grad()
 def estimate_val_loss():
-    """Means over eval_iters fixed validation batches of batch_size rows, split across processes: the masked-token
-    loss (ELECTRA: its generator's), and for ELECTRA the RTD loss, accuracy and share of positions replaced."""
+    """Means over eval_iters fixed validation batches: the masked-token loss (ELECTRA: its generator's), and for
+    ELECTRA the RTD loss, accuracy and share of positions replaced. Each batch is the size of a training step and is
+    split over processes and micro-steps as a step is, so neither batch_size nor the process count changes the data."""
     model.eval()
     total = 0
-    # every process runs as many forward passes (FSDP's are collectives); those past eval_iters count for nothing
-    for i in range(rank, math.ceil(eval_iters / world_size) * world_size, world_size):
-        with autocast:
-            out, loss = model(*get_batch("val", i, n_rows=batch_size))
-        total = total + (i < eval_iters) * torch.cat([metrics(out, loss), torch.ones(1, device=device)])
+    for i in range(eval_iters):
+        for micro in range(grad_accum):  # equal micro-batches: the mean of their means is the batch's mean
+            with autocast:
+                out, loss = model(*get_batch("val", i, my_rows(micro)))
+            total = total + torch.cat([metrics(out, loss), torch.ones(1, device=device)])
     if ddp:
         dist.all_reduce(total)
     model.train()
@@ -342,7 +362,8 @@ def save_checkpoint():
         return
     ckpt = {"model": state, "optimizer": optim_state, "model_type": model_type,
             "model_args": asdict(config), "config": settings, "step": step, "tokens": tokens_seen,
-            "flops": flops_seen, "best_val_loss": best_val_loss, "rng": rng}
+            "flops": flops_seen, "best_val_loss": best_val_loss, "rng": rng, "rng_device": device_type,
+            "max_iters": max_iters}
     checkpoint.save_checkpoint(ckpt_path, ckpt)
     log(f"saved checkpoint to {ckpt_path} (step {step})")
 
@@ -359,11 +380,13 @@ def run_probe():
     target = raw_model
     if fsdp:  # a sharded model cannot run on one process alone: probe an unsharded copy
         state = get_model_state_dict(raw_model, options=FULL)
-        if not master:
-            return None
-        target = type(raw_model)(config).to(device)
-        target.load_state_dict(state)
-    return probe(target, probe_tasks, probe_glue_dir or None, probe_max_train) if master else None
+        if master:
+            target = type(raw_model)(config).to(device)
+            target.load_state_dict(state)
+    scores = probe(target, probe_tasks, probe_glue_dir or None, probe_max_train) if master else None
+    if ddp:
+        dist.barrier(group=probe_group)
+    return scores
 
 
 log_path = os.path.join(out_dir, "log.jsonl")
@@ -375,6 +398,8 @@ if master:
             records = [json.loads(line) for line in f]
         # the step's training record stays; its validation record will be written again
         kept = [r for r in records if r["step"] < step or (r["step"] == step and "loss" in r)]
+    if init_from == "scratch" and os.path.exists(ckpt_path):  # overwrite=True: the old run ends here, so a crash
+        os.remove(ckpt_path)                                    # before the first save cannot leave it beside the new log
     with open(log_path + ".tmp", "w") as f:  # a scratch run starts a new log: records never mix across runs
         f.writelines(json.dumps(r) + "\n" for r in kept)
     os.replace(log_path + ".tmp", log_path)
@@ -441,8 +466,7 @@ while True:
     for group in optimizer.param_groups:
         group["lr"] = lr
     for micro in range(grad_accum):
-        first = (rank * grad_accum + micro) * micro_batch  # this micro-step's rows of the step's batch
-        batch = get_batch("train", step, slice(first, first + micro_batch))
+        batch = get_batch("train", step, my_rows(micro))
         if ddp:  # all-reduce (or reduce-scatter) the gradients once, in the backward pass of the last micro-step
             if fsdp:
                 raw_model.set_requires_gradient_sync(micro == grad_accum - 1)

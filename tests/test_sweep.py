@@ -39,6 +39,29 @@ def test_pairs_are_matched_on_flops(preset):
     assert off["max_iters"] == sweep.steps_for(on)[0] and off["total_batch_size"] == on["total_batch_size"]
 
 
+@pytest.mark.parametrize("preset,nproc", [("gpu", 8), ("gpu", 1), ("cpu", 1)])
+def test_every_run_has_a_micro_batch_that_fills_the_device(preset, nproc):
+    p = dict(sweep.PRESETS[preset], nproc=nproc)
+    F0, _, batch0 = p["anchor"]
+    for name, axis, s in sweep.plan(p, ["main", "mask", "cms", "predictor"]):
+        rows = s["total_batch_size"] // s["block_size"] // nproc  # per process
+        micro, accumulation = s["batch_size"], sweep.accumulation(s, nproc)
+        assert s["total_batch_size"] == accumulation * micro * nproc * s["block_size"]  # equal micro-steps, no rest
+        assert micro <= p["micro_batch"] and (micro >= 8 or micro == rows), (name, micro, rows)
+        assert accumulation == -(-rows // p["micro_batch"])  # the fewest micro-steps that fit
+        budget = s["max_flops"] or sweep.steps_for(s)[0] * sweep.steps_for(s)[1] * 2  # CMS off: half the main's
+        wanted = batch0 * (budget / F0) ** sweep.BATCH_EXP
+        assert abs(s["total_batch_size"] - wanted) <= max(0.05 * wanted, nproc * s["block_size"] * accumulation)
+
+
+def test_dry_run_prints_the_batch_split():
+    r = subprocess.run([sys.executable, "sweep.py", "--preset=gpu", "--dry_run"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.strip().startswith("bert-16x1024 "))
+    assert "393216 tokens (8 x 2 x 48 rows)" in line  # 96 rows per GPU: two micro-steps of 48, not six of 16
+
+
 def test_power_laws_follow_the_budget():
     p = dict(sweep.PRESETS["cpu"], anchor=(1e13, 1e-3, 4096))
     small, big = (sweep.run_settings(p, 2, 64, 2, "bert", f) for f in (1e13, 1e15))
@@ -65,13 +88,16 @@ def test_sweep_runs_probes_and_resumes(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)
     out = tmp_path / "sw"
     argv = ["--preset=tiny", f"--out_dir={out}", "--axes=main", f"--tasks={task}", "--glue_dir=", "--sts=",
-            "--compile=False", "--random_seeds=2"]
+            "--compile=False", "--random_seeds=2", "--device=cpu"]
+    devices, load = [], sweep.load_checkpoint
+    monkeypatch.setattr(sweep, "load_checkpoint", lambda path, device: devices.append(device) or load(path, device))
     sweep.main(argv)
+    assert devices == ["cpu"] * 3  # each checkpoint once, on the device the probes run on
     results = [json.loads(x) for x in open(out / "results.jsonl")]
     names = [r["name"] for r in results]
     assert names == ["bert-1x32", "random-bert-1x32", "random-bert-1x32-s1", "crossbert-1x32", "random-crossbert-1x32",
                      "random-crossbert-1x32-s1", "electra-1x32", "random-electra-1x32", "random-electra-1x32-s1"]
-    model = sweep.load_checkpoint(out / "bert-1x32" / "ckpt.pt")[0]
+    model = load(out / "bert-1x32" / "ckpt.pt")[0]
     a, b = sweep.random_twin(model, 0), sweep.random_twin(model, 1)  # same shape and vocabulary map, new weights
     assert torch.equal(a.vocab_map, model.vocab_map) and not torch.equal(a.wte.weight, b.wte.weight)
     assert not torch.equal(a.wte.weight, model.wte.weight)

@@ -46,8 +46,9 @@ ELECTRA = ["--model_type=electra"]
 
 @pytest.mark.parametrize("model", [[], ELECTRA], ids=["crossbert", "electra"])
 def test_ddp_equals_gradient_accumulation(tmp_path, dataset, model):
-    # 2 micro-batches of 2 x 32 tokens a step: two micro-steps in one process, or one in each of two
-    args = ["--max_iters=4", "--eval_interval=4", "--total_batch_size=128", "--learning_rate=3e-3", "--min_lr=3e-3",
+    # 4 micro-batches of 2 x 32 tokens a step: four micro-steps in one process, or two in each of two (so DDP's
+    # no-sync micro-step runs too)
+    args = ["--max_iters=4", "--eval_interval=4", "--total_batch_size=256", "--learning_rate=3e-3", "--min_lr=3e-3",
             *model]
     train(tmp_path / "one", dataset, *args)
     train(tmp_path / "two", dataset, *args, nproc=2)
@@ -168,7 +169,8 @@ def test_unigram_baseline_is_logged_and_exact(tmp_path):
 
 
 def test_fsdp_equals_one_process_and_resumes(tmp_path, dataset):
-    args = ["--eval_interval=2", "--total_batch_size=128", "--learning_rate=3e-3", "--min_lr=3e-3", "--dtype=float32"]
+    # two micro-steps per process: the first one without gradient sync
+    args = ["--eval_interval=2", "--total_batch_size=256", "--learning_rate=3e-3", "--min_lr=3e-3", "--dtype=float32"]
     train(tmp_path / "one", dataset, "--max_iters=4", *args)
     train(tmp_path / "fsdp", dataset, "--max_iters=4", "--fsdp=True", *args, nproc=2)
     one, fsdp = losses(tmp_path / "one"), losses(tmp_path / "fsdp")
@@ -241,3 +243,73 @@ def test_literal_default_settings_split_or_explain():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "must be a multiple of block_size x processes" in out.stderr
     assert "the nearest values that work are 1920 and 2304" in out.stderr
+
+
+def test_resume_on_another_device_type(tmp_path, dataset):
+    # a checkpoint from a GPU run carries CUDA generator states (16 bytes), which the CPU's generator refuses
+    args = ["--eval_interval=2", "--total_batch_size=64"]
+    train(tmp_path / "full", dataset, "--max_iters=4", *args)
+    train(tmp_path / "cut", dataset, "--max_iters=2", *args)
+    ckpt = torch.load(tmp_path / "cut" / "ckpt.pt", weights_only=True)
+    ckpt.update(rng=[torch.zeros(16, dtype=torch.uint8)], rng_device="cuda")
+    torch.save(ckpt, tmp_path / "cut" / "ckpt.pt")
+    out = train(tmp_path / "cut", dataset, "--max_iters=4", "--init_from=resume", *args)
+    assert "holds cuda RNG states" in out.stdout and "dropout is 0: nothing changes" in out.stdout
+    full, cut = losses(tmp_path / "full"), losses(tmp_path / "cut")
+    assert [cut[s] for s in (3, 4)] == [full[s] for s in (3, 4)]  # no dropout: the run is still exact
+
+
+def test_validation_does_not_depend_on_the_micro_batch(tmp_path, dataset):
+    # batch_size only cuts a step into micro-steps: the validation data and losses stay the same
+    args = ["--max_iters=2", "--eval_interval=1", "--total_batch_size=128"]
+    train(tmp_path / "a", dataset, *args, "--batch_size=4", "--dtype=float32")
+    train(tmp_path / "b", dataset, *args, "--batch_size=1", "--dtype=float32")
+    val = {run: [r["val_loss"] for r in records(tmp_path / run) if "val_loss" in r] for run in "ab"}
+    assert len(val["a"]) == 3 and val["a"] == pytest.approx(val["b"], abs=1e-4)
+
+
+def test_resume_with_another_length_says_so(tmp_path, dataset):
+    args = ["--eval_interval=2", "--total_batch_size=64"]
+    train(tmp_path, dataset, "--max_iters=2", *args)
+    out = train(tmp_path, dataset, "--max_iters=4", "--init_from=resume", *args)
+    assert "the run was 2 steps long and is now 4: the cosine schedule follows the new length from step 2" in out.stdout
+    same = train(tmp_path, dataset, "--max_iters=4", "--init_from=resume", *args)
+    assert "cosine schedule" not in same.stdout
+
+
+def test_overwrite_removes_the_old_checkpoint_at_once(tmp_path, dataset):
+    # a run that replaces another and dies before its first save must not leave the old checkpoint beside its log
+    train(tmp_path, dataset, "--max_iters=2", "--eval_interval=2", "--total_batch_size=64")
+    cmd = [sys.executable, "train.py", *TINY, f"--dataset={dataset}", f"--out_dir={tmp_path}", "--max_iters=4",
+           "--eval_interval=100", "--total_batch_size=64", "--learning_rate=1e30", "--min_lr=1e30", "--grad_clip=0.0",
+           "--overwrite=True"]
+    out = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "stopping without saving" in out.stderr
+    assert "no checkpoint was written" in out.stderr and not (tmp_path / "ckpt.pt").exists()
+
+
+SLOW_PROBE = """
+import datetime, runpy, sys, time
+import torch.distributed as dist
+import probe
+init = dist.init_process_group
+dist.init_process_group = lambda *a, **k: init(*a, **{**k, "timeout": datetime.timedelta(seconds=3)})
+def slow(*args, **kwargs):  # a probe that outlasts the process group's timeout
+    time.sleep(8)
+    return {"SST-2/linear": 50.0}
+probe.probe_tasks = slow
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def test_a_slow_probe_does_not_time_out_the_process_group(tmp_path, dataset):
+    script = tmp_path / "slow_probe.py"
+    script.write_text(SLOW_PROBE)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), *TINY,
+           f"--dataset={dataset}", f"--out_dir={tmp_path / 'out'}", "--max_iters=2", "--eval_interval=1",
+           "--total_batch_size=128", "--probe_interval=1"]
+    out = subprocess.run(cmd, cwd=ROOT, env={**ENV, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    probed = [r["probe"] for r in records(tmp_path / "out") if "probe" in r]
+    assert probed == [{"SST-2/linear": 50.0}] * 3  # steps 0, 1 and 2, the other process waiting each time

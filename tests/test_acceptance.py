@@ -1,0 +1,41 @@
+"""acceptance.py --smoke: the GPU acceptance run's whole path on tiny shapes, on the CPU."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_smoke_run_writes_the_report(tmp_path):
+    tasks = []
+    for name, words in (("topic", ("sport match goal", "vote law party")), ("mood", ("happy great", "sad awful"))):
+        d = tmp_path / name
+        d.mkdir()
+        for split, n in (("train", 40), ("dev", 20)):
+            rows = ["sentence\tlabel"] + [f"{words[i % 2]} number {i}\t{'ab'[i % 2]}" for i in range(n)]
+            (d / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+        tasks.append(str(d))
+    report = tmp_path / "report" / "cpu.md"
+    out = subprocess.run([sys.executable, "acceptance.py", "--smoke", f"--tasks={','.join(tasks)}",
+                          f"--report={report}", f"--work_dir={tmp_path / 'work'}", "--device=cpu"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    md, data = report.read_text(), json.loads(report.with_suffix(".json").read_text())
+    assert "Smoke run" in md and "| crossbert trained |" in md and "| bert random s0 |" in md
+    for m in ("bert", "crossbert", "electra"):  # the bench part: three models, measured
+        assert data["bench"][m]["input_tokens_per_s"] > 0 and "flash" not in data["bench"][m]  # a GPU check
+    pair = data["pair training"]
+    assert pair["budget"] == 1e11
+    spent = [pair["runs"][m]["flops"] for m in ("bert", "crossbert")]
+    assert all(0 < f <= 1e11 for f in spent)
+    # matched: each run takes the most whole steps that fit, so they differ by less than a CrossBERT step
+    per_step = pair["runs"]["crossbert"]["flops"] / pair["runs"]["crossbert"]["steps"]
+    assert abs(spent[0] - spent[1]) < per_step
+    for name in ("bert trained", "crossbert trained", "bert random s0", "crossbert random s0"):
+        scores = {**data["random twins"], **data["trained probes"]}[name]
+        assert set(scores) == {"topic", "mood", "linear_avg", "knn_avg"}
+        assert scores["linear_avg"] == pytest.approx((scores["topic"]["linear"] + scores["mood"]["linear"]) / 2)
+    assert set(data["times"]) >= {"bench", "random twins", "pair training", "trained probes"}
