@@ -32,9 +32,9 @@ from configurator import configure, fail
 from data.tasks import EvalError, load_task
 from features import features, tokenize
 from flops import fastest_dtype, flops_per_position, peak_flops
-from model import MODELS
+from model import MODELS, make_config
 from probe import probe
-from sweep import PRESETS, model_config, run_settings, steps_for, train
+from sweep import PRESETS, run_settings, steps_for, train
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 settings = dict(
@@ -203,7 +203,7 @@ def main(argv):
     for m in ("bert", "crossbert"):
         for seed in range(s["random_seeds"]):
             torch.manual_seed(seed)
-            cfg = model_config(dict(model_type=m, n_layer=s["n_layer"], n_embd=s["n_embd"], n_head=s["n_head"],
+            cfg = make_config(dict(model_type=m, n_layer=s["n_layer"], n_embd=s["n_embd"], n_head=s["n_head"],
                                     block_size=s["block_size"], vocab_size=0))
             twins[f"{m} random s{seed}"] = probe_model(MODELS[m](cfg).to(device).eval(), tasks, s["batch_size"])
     probe_s = (time.time() - t0) / max(1, len(twins))

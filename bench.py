@@ -20,8 +20,8 @@ import torch
 
 from configurator import configure, fail
 from flops import fastest_dtype, flops_per_position, peak_flops, training_flops
-from masking import make_views, view_shape
-from model import MODELS, ModelConfig
+from masking import view_shape
+from model import MODELS, make_config
 
 settings = dict(
     n_layer=8, n_head=8, n_embd=512, block_size=256,
@@ -42,10 +42,8 @@ def bench(model_type, s, device, autocast):
     with s["flash_check"], the flash check's outcome (True, or the error it raised)."""
     torch.manual_seed(s["seed"])
     t_start = time.perf_counter()
-    model = MODELS[model_type](ModelConfig(model_type=model_type, n_layer=s["n_layer"], n_head=s["n_head"],
-                                           n_embd=s["n_embd"], block_size=s["block_size"],
-                                           gen_width=s["gen_width"])).to(device)
-    cfg = model.config
+    cfg = make_config({**s, "model_type": model_type})
+    model = MODELS[model_type](cfg).to(device)
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.type)
     step_fn = torch.compile(model) if s["compile"] else model
     B, T = s["batch_size"], s["block_size"]
@@ -55,11 +53,8 @@ def bench(model_type, s, device, autocast):
         torch.cuda.reset_peak_memory_stats(device)
 
     def step():
-        views = make_views(B, T, cfg.mask_ratio, cfg.cms, generator=gen)
-        # ELECTRA also takes the uniforms that pick its generator's samples
-        extra = [torch.rand(views.target_pos.shape, generator=gen, device=device)] if model_type == "electra" else []
         with autocast:
-            _, loss = step_fn(idx, views, *extra)
+            loss, _ = step_fn(idx, *model.draw(B, T, generator=gen, device=device))
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -91,7 +86,7 @@ def flash_check(model, idx, autocast):
     """One training step and one encode() with only FlashAttention allowed: SDPA raises if it cannot serve them."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION), autocast:
-        model(idx)[1].backward()  # views sampled inside, as in training
+        model(idx)[0].backward()  # views sampled inside, as in training
         with torch.no_grad():
             model.encode(idx)
 
@@ -101,16 +96,21 @@ def main():
     device = torch.device(s["device"])
     if s["flash_check"] and device.type != "cuda":
         fail("--flash_check needs a CUDA device: FlashAttention is a GPU kernel")
+    for model_type in MODELS:  # a shape no model can have stops here, before anything runs (ModelConfig's checks)
+        try:
+            make_config({**s, "model_type": model_type})
+        except ValueError as e:
+            fail(str(e))
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[s["dtype"]]
     autocast = nullcontext() if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
     peak = peak_flops(device, dtype)
     print(f"device {device}, {s['dtype']}, compile={s['compile']}, peak {peak / 1e12:.2f} TFLOP/s"
           f"{' (measured with a matmul)' if device.type == 'cpu' else ''}")
-    result = {}
-    out = {}
-    for model_type in ("bert", "crossbert", "electra"):
+    out, flops_per_pos = {}, {}
+    for model_type in MODELS:
         r = bench(model_type, s, device, autocast)
-        result[model_type] = cfg = r["config"]
+        cfg = r["config"]
+        flops_per_pos[model_type] = flops_per_position(cfg, model_type)
         out.update({f"{model_type}_input_tokens_per_s": round(r["input_tokens_per_s"], 1),
                     f"{model_type}_view_positions_per_s": round(r["view_positions_per_s"], 1),
                     f"{model_type}_mfu": round(r["flops_per_s"] / peak, 4)})
@@ -120,18 +120,17 @@ def main():
               f"MFU {100 * r['flops_per_s'] / peak:.1f}%{memory}")
         if r.get("flash", True) is not True:
             fail(f"--flash_check: FlashAttention cannot serve {model_type}: {r['flash']}")
-    bert_cfg, cross_cfg = result["bert"], result["crossbert"]
-    speedup = out["crossbert_view_positions_per_s"] / out["bert_view_positions_per_s"]
-    flops_ratio = flops_per_position(bert_cfg, "bert") / flops_per_position(cross_cfg, "crossbert")
-    # ELECTRA has one view per row: its view positions are its input tokens
-    electra = out["electra_input_tokens_per_s"] / out["bert_input_tokens_per_s"]
-    electra_flops = flops_per_position(result["electra"], "electra") / flops_per_position(bert_cfg, "bert")
-    print(f"CrossBERT / BERT view positions/s {speedup:.2f}x; analytic FLOPs per view position BERT / CrossBERT "
-          f"{flops_ratio:.2f}x" + ("; flash served every attention" if s["flash_check"] else ""))
-    print(f"ELECTRA / BERT input tokens/s {electra:.2f}x; analytic FLOPs per token ELECTRA / BERT {electra_flops:.2f}x")
-    print(json.dumps({**out, "speedup": round(speedup, 3), "flops_ratio": round(flops_ratio, 3),
-                      "electra_speedup": round(electra, 3), "electra_flops_ratio": round(electra_flops, 3), **s}))
-
+    # each model against BERT, per view position (a view position is an input token for one-view models): measured
+    # speed, and the analytic FLOP ratio that would explain it
+    for m in MODELS:
+        if m != "bert":
+            out[f"{m}_speedup"] = round(out[f"{m}_view_positions_per_s"] / out["bert_view_positions_per_s"], 3)
+            out[f"{m}_flops_ratio"] = round(flops_per_pos["bert"] / flops_per_pos[m], 3)
+            print(f"{m} / bert view positions/s {out[f'{m}_speedup']:.2f}x; analytic FLOPs per view position "
+                  f"bert / {m} {out[f'{m}_flops_ratio']:.2f}x")
+    if s["flash_check"]:
+        print("flash served every attention")
+    print(json.dumps({**out, **s}))
 
 if __name__ == "__main__":
     main()

@@ -11,7 +11,7 @@ Plain mean pooling with no training at all is the zero-shot row. data/tasks.py r
 BEIR sets, data/pairs.py the pairs.
 
     python embed.py --ckpt=out/ckpt.pt --pairs=crop:../shared/corpus/gutenberg --sts=../shared/glue/STS-B
-    python embed.py --ckpt=random --pairs=my_pairs.tsv --beir=scifact --unfreeze --out=scores.json
+    python embed.py --ckpt=random --like=out/ckpt.pt --pairs=my_pairs.tsv --beir=scifact --unfreeze --out=scores.json
 
 --pairs  crop:PATH         two random spans of one document of a local corpus (Contriever's independent
                            cropping; the files data/local/prepare.py reads: .txt, .jsonl[.gz], .parquet)

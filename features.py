@@ -11,14 +11,17 @@ from tqdm import tqdm
 from checkpoint import load_checkpoint
 from data.tasks import EvalError
 from data.tokenizer import EOT, PAD, encode_batch
-from model import MODELS, ModelConfig
+from model import MODELS, ModelConfig, make_config
 
 
 def add_model_args(parser):
     """The options that pick the backbone: --ckpt, and the shape of a --ckpt=random baseline."""
     d = ModelConfig()
     parser.add_argument("--ckpt", default="out/ckpt.pt", help="a train.py checkpoint, or 'random' (untrained baseline)")
-    parser.add_argument("--model_type", default="crossbert", choices=sorted(MODELS), help="--ckpt=random only, as the next four")
+    parser.add_argument("--like", default="", help="--ckpt=random: the random twin of this checkpoint (its shape and "
+                        "vocabulary map, fresh weights); the baseline a trained checkpoint must beat")
+    parser.add_argument("--model_type", default="crossbert", choices=sorted(MODELS),
+                        help="--ckpt=random without --like, as the next four")
     parser.add_argument("--n_layer", type=int, default=d.n_layer)
     parser.add_argument("--n_head", type=int, default=d.n_head)
     parser.add_argument("--n_embd", type=int, default=d.n_embd)
@@ -27,17 +30,31 @@ def add_model_args(parser):
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 
 
+def random_twin(model, seed=0):
+    """A model of the same shape and vocabulary map as `model`, on its device, with fresh random weights: the
+    baseline a trained model must beat (a compact vocabulary sends rare ids to <unk> for both)."""
+    torch.manual_seed(seed)
+    twin = type(model)(model.config).to(next(model.parameters()).device)
+    if model.vocab_map is not None:
+        twin.vocab_map.copy_(model.vocab_map)
+    return twin.eval()
+
+
 def load_model(args):
     """(model in eval mode, description) from the add_model_args() options."""
-    if args.ckpt == "random":
-        torch.manual_seed(args.seed)
-        config = ModelConfig(model_type=args.model_type, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
-                             block_size=args.block_size)
-        model = MODELS[args.model_type](config).to(args.device).eval()
-        return model, dict(ckpt="random", model_type=args.model_type, model_args=vars(model.config), seed=args.seed)
+    if args.like and args.ckpt != "random":
+        raise EvalError(f"--like={args.like} makes a random twin: pass it with --ckpt=random")
     try:
+        if args.ckpt == "random" and args.like:
+            model = random_twin(load_checkpoint(args.like, device=args.device)[0], args.seed)
+            return model, dict(ckpt="random", like=args.like, model_type=model.config.model_type,
+                               model_args=vars(model.config), seed=args.seed)
+        if args.ckpt == "random":
+            torch.manual_seed(args.seed)
+            model = MODELS[args.model_type](make_config(vars(args))).to(args.device).eval()
+            return model, dict(ckpt="random", model_type=args.model_type, model_args=vars(model.config), seed=args.seed)
         model, ckpt = load_checkpoint(args.ckpt, device=args.device)
-    except ValueError as e:
+    except ValueError as e:  # a checkpoint that cannot be read, or a shape no model can have
         raise EvalError(str(e)) from None
     return model, dict(ckpt=args.ckpt, model_type=ckpt["model_type"], model_args=ckpt["model_args"],
                        step=ckpt.get("step"), tokens=ckpt.get("tokens"))

@@ -23,15 +23,21 @@ trains on every token, but on a flat encoder; the discriminator is the encoder t
     # BERT(ModelConfig(model_type="bert", ...)) and ELECTRA(ModelConfig(model_type="electra", ...)) alike;
     # model_type also picks the masking defaults
     idx = torch.randint(0, 50257, (8, 128))                  # token ids
-    logits, loss = model(idx)                                # masked-token pretraining (ELECTRA: parts, loss)
+    loss, stats = model(idx)                                 # pretraining; stats: detached scalars to log
     loss.backward()
     with torch.no_grad():
         feats = model.encode(idx).mean(dim=1)                # frozen features (8, 256)
+
+Every model's forward is forward(idx, *draws) -> (loss, stats): draws are draw()'s random inputs (the views, and
+ELECTRA's sampling uniforms), drawn inside when not given; stats are the detached parts of a composite loss
+(ELECTRA's: mlm_loss, its generator's masked-token loss, and the RTD terms), empty for BERT and CrossBERT. BERT and
+CrossBERT differ only in predict(), the states at the targets.
 
 Names: idx holds token ids, x, h and q hidden states, *_pos positions in the sequence. Shapes: B input
 rows, N views (B x views per row), T positions, K visible and M target positions per view, C channels.
 Depends on torch and masking.py alone; importing it has no side effects.
 """
+import dataclasses
 import math
 from dataclasses import dataclass, replace
 
@@ -39,7 +45,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from masking import corrupt, make_views
+from masking import corrupt, make_views, view_shape
 
 
 @dataclass
@@ -66,9 +72,31 @@ class ModelConfig:
     rtd_weight: float = 50.0        # ELECTRA's loss: MLM + rtd_weight x replaced-token detection
 
     def __post_init__(self):
-        """The paper's defaults for the fields left at None."""
+        """The paper's defaults for the fields left at None, then checks: a shape no model can have is a ValueError
+        that names the setting and the fix (train.py, sweep.py, bench.py, flops.py and the evaluators all build
+        their models through here)."""
         if self.model_type not in ("bert", "crossbert", "electra"):
-            raise ValueError(f"model_type={self.model_type!r}: expected bert, crossbert or electra")
+            raise ValueError(f"model_type={self.model_type!r}: expected one of bert, crossbert, electra")
+        for name in ("n_layer", "n_head", "n_embd", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)}: must be at least 1")
+        if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
+            fits = next(h for h in range(self.n_head, 0, -1) if self.n_embd % h == 0 and (self.n_embd // h) % 2 == 0)
+            raise ValueError(f"n_embd={self.n_embd} must split into n_head={self.n_head} heads of an even size "
+                             f"(rotary embeddings rotate pairs); e.g. n_head={fits}")
+        if not 4 <= self.vocab_size <= self.token_ids:
+            raise ValueError(f"vocab_size={self.vocab_size}: a compact vocabulary has 4 to {self.token_ids} ids "
+                             "(0 in the scripts' settings: GPT-2's full vocabulary)")
+        if self.pred_layer is not None and self.pred_layer < 1:
+            raise ValueError(f"pred_layer={self.pred_layer}: CrossBERT needs a predictor of at least 1 block "
+                             "(or None for n_layer // 4)")
+        if self.gen_layer is not None and self.gen_layer < 1:
+            raise ValueError(f"gen_layer={self.gen_layer}: ELECTRA needs a generator of at least 1 block (or None for "
+                             "n_layer)")
+        if not 0 < self.gen_width <= 1:
+            raise ValueError(f"gen_width={self.gen_width}: ELECTRA's generator width is a fraction of n_embd, in (0, 1]")
+        if self.mask_ratio is not None and not 0 < self.mask_ratio < 1:
+            raise ValueError(f"mask_ratio={self.mask_ratio}: must be strictly between 0 and 1")
         if self.mask_token_id is None:
             self.mask_token_id = 50257 if self.vocab_size >= self.token_ids else self.vocab_size - 2
         if self.mask_ratio is None:
@@ -83,12 +111,22 @@ class ModelConfig:
         if self.model_type == "electra" and self.random_replace:
             raise ValueError("random_replace (BERT's 80/10/10) would show ELECTRA's generator some of the tokens it "
                              "must predict; leave it off for ELECTRA")
+        view_shape(self.block_size, self.mask_ratio, self.cms)  # raises if the views cannot be cut
 
     @property
     def gen_embd(self):
         """ELECTRA's generator width: gen_width x n_embd, rounded to whole heads of the discriminator's head size
         (so both share the RoPE tables), at least one head."""
         return max(1, round(self.gen_width * self.n_head)) * (self.n_embd // self.n_head)
+
+
+def make_config(settings):
+    """The ModelConfig of a script's settings: a dict holding some of ModelConfig's fields (and other keys, which
+    are ignored), as train.py's globals, sweep.py's runs and bench.py's settings do; vocab_size 0 means GPT-2's full
+    vocabulary. Checked: a ValueError names a setting no model can have."""
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    args = {k: v for k, v in settings.items() if k in fields and not (k == "vocab_size" and not v)}
+    return ModelConfig(**args)
 
 
 # ----------------------------------------------------------------------------
@@ -146,16 +184,30 @@ class MaskedLM(nn.Module):
         x = self.ln_f(x)
         return x, kept + [x] * (self.config.n_layer in layers)
 
+    def draw(self, B, T, generator=None, device=None):
+        """The random inputs of a training forward pass on B rows of T tokens, which follow idx in forward(): the
+        views (where each view sees and predicts; masking.py), and for ELECTRA the uniforms that pick its generator's
+        samples. A trainer draws them from its own generator, so they are a function of its seed (see train.py)."""
+        return (make_views(B, T, self.config.mask_ratio, self.config.cms, generator=generator, device=device),)
+
+    def forward(self, idx, *draws):
+        """Pretraining on token ids idx (B, T): the loss, and a dict of detached scalars to log beside it, the parts of
+        a composite loss (ELECTRA's; empty for BERT and CrossBERT, whose loss is the masked-token loss itself).
+        draws: draw()'s random inputs; without them, fresh ones are drawn here."""
+        views, *rest = draws or self.draw(*idx.shape, device=idx.device)
+        return self.objective(self.vocab_ids(idx)[views.rows], views, *rest)  # (N, T): each view's row, in embedding ids
+
+    def objective(self, idx, views):
+        """BERT's and CrossBERT's: the tied LM head on predict()'s states, cross-entropy at the targets."""
+        _, loss = self.lm_loss(self.predict(idx, views), idx, views.target_pos)
+        return loss, {}
+
     def lm_loss(self, h, idx, target_pos):
         """Tied LM head on the states h (N, M, C) at target_pos (N, M); cross-entropy against idx's ids there."""
         logits = F.linear(h, self.wte.weight)
         labels = idx.gather(1, target_pos)
         loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
         return logits, loss
-
-    def sample_views(self, idx):
-        B, T = idx.shape
-        return make_views(B, T, self.config.mask_ratio, self.config.cms, device=idx.device)
 
     def encode(self, idx, attention_mask=None, layers=None):
         """Features of the unmasked input: (B, T, C) from the last layer, or a list for `layers` (1-based).
@@ -195,15 +247,13 @@ class BERT(MaskedLM):
         super().__init__(config)
         self.init_weights()
 
-    def forward(self, idx, views=None):
-        """Masked-token prediction on idx (B, T). Returns logits (N, M, vocab) at the target positions and the loss."""
-        views = self.sample_views(idx) if views is None else views
-        idx = self.vocab_ids(idx)[views.rows]                                          # (N, T): each view's row
+    def predict(self, idx, views):
+        """The last layer's states (N, M, C) at each view's targets; idx (N, T) holds each view's row as embedding
+        ids. Every layer runs over the whole sequence, with <mask> at the targets."""
         masked = corrupt(idx, views.target_pos, self.config.mask_token_id, self.config.random_replace)
         h, _ = self.run_encoder(masked, torch.arange(idx.size(1), device=idx.device))  # (N, T, C)
         # the LM head, the costliest matmul of a small model, runs only where there is a target
-        h = h.gather(1, views.target_pos[..., None].expand(-1, -1, h.size(-1)))        # (N, M, C)
-        return self.lm_loss(h, idx, views.target_pos)
+        return h.gather(1, views.target_pos[..., None].expand(-1, -1, h.size(-1)))     # (N, M, C)
 
 
 class CrossBERT(MaskedLM):
@@ -217,10 +267,8 @@ class CrossBERT(MaskedLM):
         self.init_weights()
         nn.init.normal_(self.mask_query, std=config.init_std)
 
-    def forward(self, idx, views=None):
-        """Masked-token prediction on idx (B, T). Returns logits (N, M, vocab) at the target positions and the loss."""
-        views = self.sample_views(idx) if views is None else views
-        idx = self.vocab_ids(idx)[views.rows]                                          # (N, T): each view's row
+    def predict(self, idx, views):
+        """The predictor's states (N, M, C) at each view's targets; idx (N, T) holds each view's row as embedding ids."""
         # the encoder sees the visible tokens only, each at its original position
         mem, _ = self.run_encoder(idx.gather(1, views.visible_pos), views.visible_pos)  # (N, K, C)
         # the predictor's queries know nothing but where they are: one learned vector, rotated by target position
@@ -228,13 +276,12 @@ class CrossBERT(MaskedLM):
         rope_q, rope_mem = self.rope(views.target_pos), self.rope(views.visible_pos)
         for block in self.predictor:  # cross-attention to mem only: the queries never see each other
             q = block(q, rope_q, mem, rope_mem)
-        return self.lm_loss(self.ln_p(q), idx, views.target_pos)
+        return self.ln_p(q)
 
 
 class ELECTRA(MaskedLM):
     """The encoder stack is the discriminator; the generator shares its token embeddings."""
     model_type = "electra"
-    parts = ("mlm_loss", "rtd_loss", "rtd_accuracy", "replaced")  # what forward() returns beside the loss, in order
 
     def __init__(self, config):
         super().__init__(config)
@@ -259,15 +306,16 @@ class ELECTRA(MaskedLM):
         x = x.gather(1, target_pos[..., None].expand(-1, -1, x.size(-1)))  # (N, M, Cg): only targets need the head
         return self.lm_loss(self.gen_out(self.ln_g(x)), idx, target_pos)
 
-    def forward(self, idx, views=None, u=None):
-        """Replaced-token detection on idx (B, T). u (N, M): uniforms in [0, 1) that pick the generator's samples
-        (the caller draws them from its own generator, for reproducible runs; None draws them here).
-        Returns the loss's parts, detached (named in ELECTRA.parts): the generator's MLM loss, the RTD loss, the RTD
-        accuracy, the share of positions replaced (1 - the accuracy of answering "original" everywhere); and the loss."""
-        views = self.sample_views(idx) if views is None else views
-        idx = self.vocab_ids(idx)[views.rows]                                          # (N, T): each view's row
+    def draw(self, B, T, generator=None, device=None):
+        """The views, and the uniforms u (N, M) in [0, 1) that pick the generator's samples by inverse CDF."""
+        views, = super().draw(B, T, generator, device)
+        return views, torch.rand(views.target_pos.shape, generator=generator, device=device)
+
+    def objective(self, idx, views, u):
+        """Replaced-token detection: the generator's MLM loss + rtd_weight x the RTD loss, and its parts (detached):
+        mlm_loss (the generator's), rtd_loss, rtd_accuracy, and replaced, the share of positions replaced (1 - the
+        accuracy of answering "original" everywhere)."""
         logits, mlm_loss = self.run_generator(idx, views.target_pos)
-        u = torch.rand(views.target_pos.shape, device=idx.device) if u is None else u
         # sampling is not differentiated (as in ELECTRA): the samples are integers, so the RTD loss sends no gradient
         # to the generator through them, and detach() keeps the sampling out of the graph. Only text ids are drawn
         # (those below <mask>), so the discriminator never meets <mask> or <pad>
@@ -277,9 +325,10 @@ class ELECTRA(MaskedLM):
         rtd_logits = self.rtd_head(h).squeeze(-1).float()                              # (N, T)
         rtd_loss = F.binary_cross_entropy_with_logits(rtd_logits, is_replaced.float())
         with torch.no_grad():
-            accuracy = ((rtd_logits > 0) == is_replaced).float().mean()
-            parts = torch.stack([mlm_loss, rtd_loss, accuracy, is_replaced.float().mean()])
-        return parts, mlm_loss + self.config.rtd_weight * rtd_loss
+            stats = dict(mlm_loss=mlm_loss.detach(), rtd_loss=rtd_loss.detach(),
+                         rtd_accuracy=((rtd_logits > 0) == is_replaced).float().mean(),
+                         replaced=is_replaced.float().mean())
+        return mlm_loss + self.config.rtd_weight * rtd_loss, stats
 
 
 def replace_tokens(idx, target_pos, logits, u):

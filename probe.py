@@ -11,7 +11,7 @@ Two probes are fitted on the train split and scored on dev with each task's GLUE
     mean of their scores for regression); k picked on the same held-out part.
 
     python probe.py --ckpt=out/ckpt.pt --glue_dir=../shared/glue --tasks=SST-2,CoLA,MRPC,STS-B,RTE,WNLI
-    python probe.py --ckpt=random --glue_dir=../shared/glue --max_train=2000   # untrained baseline
+    python probe.py --ckpt=random --like=out/ckpt.pt --glue_dir=../shared/glue   # its random twin: the baseline
     python probe.py --ckpt=out/ckpt.pt --layers=all --out=probe.json           # layer-wise table
     python probe.py --tasks=path/to/my_task                                     # your own train.tsv/dev.tsv
 

@@ -32,7 +32,8 @@ import torch
 from configurator import configure, fail
 from flops import budget_steps, param_counts, training_flops
 from checkpoint import load_checkpoint
-from model import MODELS, ModelConfig
+from features import random_twin
+from model import MODELS, make_config
 
 # -----------------------------------------------------------------------------
 # Presets. Power laws: lr = lr0 * (F / F0) ** LR_EXP and batch = batch0 * (F / F0) ** BATCH_EXP tokens, with
@@ -109,17 +110,6 @@ def run_settings(p, n_layer, n_embd, n_head, model_type, flops, **extra):
     return s
 
 
-def model_config(s):
-    """The ModelConfig that train.py builds from run settings s."""
-    args = dict(n_layer=s["n_layer"], n_embd=s["n_embd"], n_head=s["n_head"], block_size=s["block_size"])
-    if s.get("vocab_size"):
-        args.update(vocab_size=s["vocab_size"])
-    for k in ("mask_ratio", "cms", "pred_layer"):
-        if k in s:
-            args[k] = s[k]
-    return ModelConfig(model_type=s["model_type"], **args)
-
-
 def accumulation(s, nproc):
     """Micro-steps per optimizer step in each process."""
     return s["total_batch_size"] // s["block_size"] // nproc // s["batch_size"]
@@ -128,7 +118,7 @@ def accumulation(s, nproc):
 def steps_for(s):
     """How many steps train.py will take: the most that fit in max_flops, or max_iters."""
     rows = s["total_batch_size"] // s["block_size"]
-    per_step = training_flops(model_config(s), s["model_type"], rows)
+    per_step = training_flops(make_config(s), s["model_type"], rows)
     return budget_steps(s["max_flops"], per_step) if s.get("max_flops") else s["max_iters"], per_step
 
 
@@ -138,11 +128,12 @@ def plan(p, axes, families=tuple(MODELS)):
     for i, (L, C, H) in enumerate(p["sizes"]):
         budget = p["flops"][i]
         if not budget:  # tokens per parameter, counted on BERT (the baseline every budget is quoted for)
-            cfg = model_config(dict(model_type="bert", n_layer=L, n_embd=C, n_head=H, block_size=p["block_size"],
+            cfg = make_config(dict(model_type="bert", n_layer=L, n_embd=C, n_head=H, block_size=p["block_size"],
                                     vocab_size=p["vocab_size"]))
             budget = p["tokens_per_param"] * param_counts(cfg, "bert")[0] * training_flops(cfg, "bert") / cfg.block_size
         for model_type in families:
-            if "main" in axes or (i == p["ablation_size"] and model_type != "electra"):  # the ablations' reference
+            # the ablations below vary BERT's and CrossBERT's masking: those two are their reference
+            if "main" in axes or (i == p["ablation_size"] and model_type in ("bert", "crossbert")):
                 runs.append((f"{model_type}-{L}x{C}", "main", run_settings(p, L, C, H, model_type, budget)))
         if i != p["ablation_size"]:
             continue
@@ -200,15 +191,6 @@ def evaluate(model, tasks, glue_dir, sts, max_train):
     return scores
 
 
-def random_twin(model, seed=0):
-    """A model of the same shape (and vocabulary map) with fresh random weights: the baseline to beat."""
-    torch.manual_seed(seed)
-    twin = type(model)(model.config).to(next(model.parameters()).device)
-    if model.vocab_map is not None:
-        twin.vocab_map.copy_(model.vocab_map)
-    return twin.eval()
-
-
 # -----------------------------------------------------------------------------
 # Report: the table and the plots
 
@@ -237,7 +219,7 @@ def plots(results, out_dir):
     except ImportError:
         print("sweep: matplotlib is not installed (pip install matplotlib); skipping the plots", file=sys.stderr)
         return []
-    colors = {"bert": "tab:red", "crossbert": "tab:blue", "electra": "tab:green"}
+    colors = dict(zip(MODELS, ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange")))
     main = [r for r in results if r["axis"] == "main"]
     written = []
 
@@ -320,7 +302,7 @@ def main(argv):
     total_flops = total_s = 0
     for name, axis, rs in runs:
         steps, per_step = steps_for(rs)
-        cfg = model_config(rs)
+        cfg = make_config(rs)
         est = steps * (per_step / p["flops_per_s"] + p["step_s"]) + p["overhead_s"]
         total_flops, total_s = total_flops + steps * per_step, total_s + est
         print(f"  {name:26s} {axis:9s} {param_counts(cfg, rs['model_type'])[0] / 1e6:7.2f}M params  "

@@ -33,10 +33,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import checkpoint
 from configurator import configure, fail
 from data.loader import TokenWindows, unigram_loss
-from data.tokenizer import VOCAB_SIZE, compact_vocab
+from data.tokenizer import compact_vocab
 from flops import budget_steps, fastest_dtype, peak_flops, training_flops
-from masking import Views, make_views, view_shape
-from model import ELECTRA, MODELS, ModelConfig
+from masking import Views, view_shape
+from model import MODELS, make_config
 
 # -----------------------------------------------------------------------------
 # settings: the defaults train a tiny CrossBERT on 2 CPU cores in under 10 minutes (see README: the CPU recipe)
@@ -95,31 +95,20 @@ globals().update(configure(settings, sys.argv[1:], types={"pred_layer": int, "ge
 settings = {k: globals()[k] for k in settings}
 
 # one pass over the settings, before anything is built or written: each failure names the setting and the fix
-for name in ("n_layer", "n_head", "n_embd", "block_size", "batch_size", "total_batch_size", "max_iters",
-             "eval_interval", "eval_iters", "log_interval"):
+for name in ("batch_size", "total_batch_size", "max_iters", "eval_interval", "eval_iters", "log_interval"):
     if globals()[name] < 1:
         fail(f"{name}={globals()[name]}: must be at least 1")
 for name in ("warmup_iters", "max_flops", "grad_clip", "weight_decay", "min_lr", "probe_interval", "dropout",
              "rtd_weight"):
     if globals()[name] < 0:
         fail(f"{name}={globals()[name]}: must be >= 0" + (" (0 turns clipping off)" if name == "grad_clip" else ""))
-if model_type not in MODELS:
-    fail(f"model_type={model_type!r}: expected one of {', '.join(sorted(MODELS))}")
-if n_embd % n_head or (n_embd // n_head) % 2:
-    fail(f"n_embd={n_embd} must split into n_head={n_head} heads of an even size (rotary embeddings rotate pairs); "
-         f"e.g. n_head={next(h for h in range(n_head, 0, -1) if n_embd % h == 0 and (n_embd // h) % 2 == 0)}")
-if pred_layer is not None and pred_layer < 1:
-    fail(f"pred_layer={pred_layer}: CrossBERT needs a predictor of at least 1 block (or None for n_layer // 4)")
-if gen_layer is not None and gen_layer < 1:
-    fail(f"gen_layer={gen_layer}: ELECTRA needs a generator of at least 1 block (or None for n_layer)")
-if not 0 < gen_width <= 1:
-    fail(f"gen_width={gen_width}: ELECTRA's generator width is a fraction of n_embd, in (0, 1]")
-if mask_ratio is not None and not 0 < mask_ratio < 1:
-    fail(f"mask_ratio={mask_ratio}: must be strictly between 0 and 1")
+try:  # the model's shape, masking and vocabulary, checked by ModelConfig (with the model's defaults filled in)
+    config = make_config(settings)
+except ValueError as e:
+    fail(str(e))
+n_views, _, n_predicted = view_shape(block_size, config.mask_ratio, config.cms)
 if not (learning_rate > 0 and 0 <= beta1 < 1 and 0 <= beta2 < 1 and dropout < 1):
     fail("learning_rate must be > 0, and beta1, beta2 and dropout in [0, 1)")
-if vocab_size and not 4 <= vocab_size <= VOCAB_SIZE:
-    fail(f"vocab_size={vocab_size}: a compact vocabulary has 4 to {VOCAB_SIZE} ids (0 = GPT-2's full vocabulary)")
 if dtype not in ("float32", "bfloat16"):
     fail(f"dtype={dtype!r}: expected float32 or bfloat16")
 if device.startswith("cuda") and not torch.cuda.is_available():
@@ -187,38 +176,26 @@ if vocab_map is not None:  # token counts in the model's own ids, for the unigra
 # a val loss near it means the model has learned word frequencies and nothing else
 unigram = unigram_loss(counts["train"], counts["val"])
 
-model_args = dict(n_layer=n_layer, n_head=n_head, n_embd=n_embd, block_size=block_size, dropout=dropout,
-                  init_std=init_std, random_replace=random_replace, pred_layer=pred_layer, mask_ratio=mask_ratio, cms=cms,
-                  gen_width=gen_width, gen_layer=gen_layer, rtd_weight=rtd_weight)
-if vocab_size:  # <mask> then sits at vocab_size - 2 (see ModelConfig)
-    model_args.update(vocab_size=vocab_size)
-try:
-    model = MODELS[model_type](ModelConfig(model_type=model_type, **model_args))
-    config = model.config  # with the model's defaults filled in
-    n_views, _, n_predicted = view_shape(block_size, config.mask_ratio, config.cms)
-except ValueError as e:  # e.g. a mask ratio or block size that the views cannot be cut from
-    fail(str(e))
+model = MODELS[model_type](config)
 if vocab_map is not None:
     model.vocab_map.copy_(torch.from_numpy(vocab_map))
 torch.manual_seed(seed + rank)  # dropout differs by process; the data does not depend on this (see get_batch)
 
 
-def get_batch(split, index, rows=slice(None), n_rows=rows_per_step):
-    """Rows `rows` of batch number `index` of `split` (n_rows rows), on the device: the model's arguments,
-    (tokens, views), and for ELECTRA the uniforms that pick its generator's samples.
+def get_batch(split, index, rows=slice(None)):
+    """Rows `rows` of batch number `index` of `split` (a step's rows_per_step rows), on the device: the model's
+    arguments, the tokens and the model's random inputs (model.draw(): the views, ELECTRA's sampling uniforms).
 
-    Every row's window, views and uniforms are a function of (seed, split, index, row), so any split of a batch
+    Every row's window and random inputs are a function of (seed, split, index, row), so any split of a batch
     over processes and micro-steps sees the same data, and a resumed run continues exactly.
     """
     key = np.random.SeedSequence([seed, split == "val", index]).generate_state(2)
-    idx = windows[split].sample(n_rows, key, rows)
-    gen = torch.Generator().manual_seed(int(key[1]))
-    v = make_views(n_rows, block_size, config.mask_ratio, config.cms, generator=gen)
-    lo, hi, _ = rows.indices(n_rows)  # the views of input rows lo..hi-1, renumbered from 0
-    mine = slice(lo * n_views, hi * n_views)
-    batch = [idx, Views(v.rows[mine] - lo, v.visible_pos[mine], v.target_pos[mine])]
-    if model_type == "electra":
-        batch.append(torch.rand(n_rows * n_views, n_predicted, generator=gen)[mine])
+    idx = windows[split].sample(rows_per_step, key, rows)
+    draws = raw_model.draw(rows_per_step, block_size, generator=torch.Generator().manual_seed(int(key[1])))
+    lo, hi, _ = rows.indices(rows_per_step)
+    mine = slice(lo * n_views, hi * n_views)  # the views of input rows lo..hi-1, renumbered from 0 (views are rows)
+    batch = [idx, *(Views(d.rows[mine] - lo, d.visible_pos[mine], d.target_pos[mine]) if isinstance(d, Views)
+                    else d[mine] for d in draws)]
     if device_type == "cuda":
         batch = [t.pin_memory().to(device, non_blocking=True) if torch.is_tensor(t) else
                  type(t)(*(x.pin_memory().to(device, non_blocking=True) for x in t)) for t in batch]
@@ -237,7 +214,7 @@ def set_rng_state(state):
 # -----------------------------------------------------------------------------
 # model, optimizer, resume
 ckpt_path = os.path.join(out_dir, "ckpt.pt")
-step, tokens_seen, flops_seen, best_val_loss = 0, 0, 0.0, float("inf")
+step, tokens_seen, flops_seen = 0, 0, 0.0
 model.to(device)
 if fsdp:  # FSDP2: each block's parameters, gradients and optimizer state are sharded over the processes
     if not ddp:
@@ -275,7 +252,7 @@ if init_from == "resume":
              f"continues exactly only with the same ones: pass them, or use another out_dir")
     set_model_state_dict(model, ckpt["model"], options=FULL)
     set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=FULL)
-    step, tokens_seen, flops_seen, best_val_loss = ckpt["step"], ckpt["tokens"], ckpt["flops"], ckpt["best_val_loss"]
+    step, tokens_seen, flops_seen = ckpt["step"], ckpt["tokens"], ckpt["flops"]
     if ckpt.get("rng_device", device_type) == device_type:
         set_rng_state(ckpt["rng"][rank % len(ckpt["rng"])])
     else:  # a generator's state cannot move between device types; only dropout draws from it (data has its own)
@@ -318,9 +295,10 @@ def get_lr(it):
     return min_lr + 0.5 * (1 + math.cos(math.pi * progress)) * (learning_rate - min_lr)
 
 
-def metrics(out, loss):
-    """What a step reports, as a tensor: the loss, then for ELECTRA its parts (see ELECTRA.forward)."""
-    return torch.cat([loss.detach().float()[None], out.float()]) if model_type == "electra" else loss.detach()[None]
+def metrics(loss, stats):
+    """What a step reports, as one tensor: the loss, then the model's stats (a composite loss's parts; see
+    model.py). Summed on the device and read only when logging, so there is no host sync per step."""
+    return torch.stack([loss.detach().float(), *(v.float() for v in stats.values())])
 
 
 def my_rows(micro):
@@ -331,21 +309,20 @@ def my_rows(micro):
 
 @torch.no_grad()
 def estimate_val_loss():
-    """Means over eval_iters fixed validation batches: the masked-token loss (ELECTRA: its generator's), and for
-    ELECTRA the RTD loss, accuracy and share of positions replaced. Each batch is the size of a training step and is
-    split over processes and micro-steps as a step is, so neither batch_size nor the process count changes the data."""
+    """{"loss": mean, and each of the model's stats: mean} over eval_iters fixed validation batches. Each batch is
+    the size of a training step and is split over processes and micro-steps as a step is, so neither batch_size nor
+    the process count changes the data."""
     model.eval()
     total = 0
     for i in range(eval_iters):
         for micro in range(grad_accum):  # equal micro-batches: the mean of their means is the batch's mean
             with autocast:
-                out, loss = model(*get_batch("val", i, my_rows(micro)))
-            total = total + torch.cat([metrics(out, loss), torch.ones(1, device=device)])
+                loss, stats = model(*get_batch("val", i, my_rows(micro)))
+            total = total + torch.cat([metrics(loss, stats), torch.ones(1, device=device)])
     if ddp:
         dist.all_reduce(total)
     model.train()
-    means = (total[:-1] / total[-1]).tolist()
-    return means[1:] if model_type == "electra" else means
+    return dict(zip(["loss", *stats], (total[:-1] / total[-1]).tolist()))
 
 
 def save_checkpoint():
@@ -362,7 +339,7 @@ def save_checkpoint():
         return
     ckpt = {"model": state, "optimizer": optim_state, "model_type": model_type,
             "model_args": asdict(config), "config": settings, "step": step, "tokens": tokens_seen,
-            "flops": flops_seen, "best_val_loss": best_val_loss, "rng": rng, "rng_device": device_type,
+            "flops": flops_seen, "rng": rng, "rng_device": device_type,
             "max_iters": max_iters}
     checkpoint.save_checkpoint(ckpt_path, ckpt)
     log(f"saved checkpoint to {ckpt_path} (step {step})")
@@ -439,23 +416,21 @@ while True:
     last = step >= max_iters
     if step % eval_interval == 0 or last:
         t_eval = time.perf_counter()
-        val_loss, *rtd = estimate_val_loss()
-        if not all(map(math.isfinite, [val_loss, *rtd])):
-            stop_non_finite("the validation loss", [val_loss, *rtd])
+        val = estimate_val_loss()
+        if not all(map(math.isfinite, val.values())):
+            stop_non_finite("the validation loss", val)
+        # the masked-token loss, which the unigram baseline bounds: the loss, or a composite loss's mlm_loss part
+        total_loss = val.pop("loss")
+        val_loss = val.pop("mlm_loss", total_loss)
         record = {"step": step, "val_loss": round(val_loss, 4), "below_unigram": round(unigram - val_loss, 4),
-                  "tokens": tokens_seen, "flops": flops_seen}
+                  "tokens": tokens_seen, "flops": flops_seen, **{f"val_{k}": round(v, 4) for k, v in val.items()}}
         gap = unigram - val_loss
-        line = (f"step {step}: val loss {val_loss:.4f}{' (generator)' if rtd else ''}, {abs(gap):.3f} nats "
-                f"{'below' if gap >= 0 else 'above'} the unigram baseline {unigram:.3f}")
-        if rtd:  # ELECTRA: its discriminator, against answering "original" everywhere
-            record.update({f"val_{name}": round(x, 4) for name, x in zip(ELECTRA.parts[1:], rtd)})
-            line += (f"; RTD loss {rtd[0]:.4f}, accuracy {100 * rtd[1]:.2f}% (all \"original\" scores "
-                     f"{100 - 100 * rtd[2]:.2f}%)")
+        line = (f"step {step}: val loss {val_loss:.4f}, {abs(gap):.3f} nats {'below' if gap >= 0 else 'above'} the "
+                f"unigram baseline {unigram:.3f}" + "".join(f", {k} {v:.4f}" for k, v in val.items()))
         if probe_interval and step % probe_interval == 0:
             record["probe"] = run_probe()
         log(line + (f", probe {record['probe']}" if "probe" in record else ""))
         write_log(record)
-        best_val_loss = min(best_val_loss, val_loss)
         if step > 0:
             save_checkpoint()
         t_log += time.perf_counter() - t_eval  # evaluation time is not training time
@@ -473,9 +448,9 @@ while True:
             else:
                 model.require_backward_grad_sync = micro == grad_accum - 1
         with autocast:
-            out, loss = model(*batch)
+            loss, stats = model(*batch)
         (loss / grad_accum).backward()
-        loss_sum = loss_sum + metrics(out, loss) / grad_accum
+        loss_sum = loss_sum + metrics(loss, stats) / grad_accum
     if grad_clip:
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
@@ -488,16 +463,16 @@ while True:
     if step % log_interval == 0 or step >= max_iters:
         if ddp:
             dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
-        train_loss, *rtd = (loss_sum / steps_since_log).tolist()
+        train_loss, *parts = (loss_sum / steps_since_log).tolist()
         if not math.isfinite(train_loss):
             stop_non_finite("the training loss", train_loss)
         dt = (time.perf_counter() - t_log) / steps_since_log
-        record = {"step": step, "loss": round(train_loss, 4), "lr": lr,
-                  **{name: round(x, 4) for name, x in zip(ELECTRA.parts, rtd)},
+        parts = dict(zip(stats, parts))  # the names of the model's stats, in the order metrics() stacked them
+        record = {"step": step, "loss": round(train_loss, 4), "lr": lr, **{k: round(v, 4) for k, v in parts.items()},
                   "input_tokens_per_s": round(tokens_per_step / dt), "view_positions_per_s": round(positions_per_step / dt),
                   "mfu": round(flops_per_step / dt / peak, 4), "tokens": tokens_seen, "flops": flops_seen,
                   "ms_per_step": round(1000 * dt, 1)}
-        parts = f" (generator MLM {rtd[0]:.4f} + {rtd_weight:g} x RTD {rtd[1]:.4f})" if rtd else ""
+        parts = f" ({', '.join(f'{k} {v:.4f}' for k, v in parts.items())})" if parts else ""
         log(f"step {step}/{max_iters}: loss {train_loss:.4f}{parts}, lr {lr:.2e}, {record['input_tokens_per_s']} input tok/s "
             f"({record['view_positions_per_s']} view positions/s), MFU {100 * record['mfu']:.1f}%, "
             f"{1000 * dt:.0f} ms/step, {flops_seen:.2e} FLOPs")

@@ -26,5 +26,8 @@ def test_bench_reports_three_models():
     assert result["crossbert_view_positions_per_s"] == pytest.approx(2 * result["crossbert_input_tokens_per_s"], rel=1e-3)
     assert result["electra_view_positions_per_s"] == pytest.approx(result["electra_input_tokens_per_s"], rel=1e-3)
     cfg = {m: ModelConfig(model_type=m, **shape) for m in ("bert", "electra")}
-    expected = flops_per_position(cfg["electra"], "electra") / flops_per_position(cfg["bert"], "bert")
+    expected = flops_per_position(cfg["bert"], "bert") / flops_per_position(cfg["electra"], "electra")
     assert result["electra_flops_ratio"] == pytest.approx(expected, abs=1e-3)
+    # every model's speedup is its view positions per second over BERT's
+    assert result["crossbert_speedup"] == pytest.approx(
+        result["crossbert_view_positions_per_s"] / result["bert_view_positions_per_s"], abs=2e-3)

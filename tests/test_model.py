@@ -18,11 +18,9 @@ def tiny(model_type, **kw):
     return MODELS[model_type](ModelConfig(model_type=model_type, **{**TINY, **kw})).eval()
 
 
-def model_args(model, idx, views, seed=0):
-    """(idx, views) and, for ELECTRA, uniforms that fix its generator's samples."""
-    if model.config.model_type != "electra":
-        return idx, views
-    return idx, views, torch.rand(views.target_pos.shape, generator=torch.Generator().manual_seed(seed))
+def model_args(model, idx, seed=0):
+    """idx and the model's random inputs (views; ELECTRA's sampling uniforms too), seeded."""
+    return idx, *model.draw(*idx.shape, generator=torch.Generator().manual_seed(seed))
 
 
 def views_for(model, B, seed=0):
@@ -56,16 +54,17 @@ def test_prediction_never_sees_its_targets(model_type, cms):
     model = tiny(model_type, cms=cms)
     idx = torch.randint(0, 50257, (2, 32))
     views = views_for(model, 2)
-    logits, _ = model(idx, views)
+    predict = lambda x: model.predict(x[views.rows], views)  # the states the LM head reads at each view's targets
+    logits = predict(idx)
     # change every token that view 0 must predict (view 0 is made from row 0)
     changed = idx.clone()
     changed[0, views.target_pos[0]] = (changed[0, views.target_pos[0]] + 1) % 50257
-    logits_changed, _ = model(changed, views)
+    logits_changed = predict(changed)
     assert torch.allclose(logits_changed[0], logits[0], atol=1e-6)
     # control: changing one visible token does change that view's predictions
     control = idx.clone()
     control[0, views.visible_pos[0, 0]] = (control[0, views.visible_pos[0, 0]] + 1) % 50257
-    assert not torch.allclose(model(control, views)[0][0], logits[0], atol=1e-4)
+    assert not torch.allclose(predict(control)[0], logits[0], atol=1e-4)
     if cms:  # the complementary view sees what view 0 predicts, so its predictions move
         assert not torch.allclose(logits_changed[1], logits[1], atol=1e-4)
 
@@ -76,9 +75,9 @@ def test_bert_with_80_10_10_can_see_some_targets():
     views = views_for(model, 8)
     changed = idx.scatter(1, views.target_pos, (idx.gather(1, views.target_pos) + 1) % 50257)
     torch.manual_seed(1)
-    a = model(idx, views)[0]
+    a = model.predict(idx, views)  # one view per row: the rows are the views
     torch.manual_seed(1)
-    b = model(changed, views)[0]
+    b = model.predict(changed, views)
     assert not torch.equal(a, b)  # the 10% of targets left as they are leak, as in BERT
 
 
@@ -135,7 +134,7 @@ def test_analytic_flops_match_flop_counter(model_type, mask_ratio, cms, shape):
     idx = torch.randint(0, 500, (B, shape["block_size"]))
     # the math backend runs attention as matmuls, which the counter sees (the CPU flash kernel it does not)
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
-        model(idx)[1].backward()
+        model(idx)[0].backward()
     measured = counter.get_total_flops()
     assert measured == training_flops(model.config, model_type, B)  # exact: both count the same matmuls
 
@@ -146,15 +145,15 @@ def test_overfits_one_batch(model_type):
     model = MODELS[model_type](ModelConfig(model_type=model_type, n_layer=2, n_head=2, n_embd=64, block_size=32,
                                            vocab_size=256, mask_token_id=255))
     idx = torch.randint(0, 250, (2, 32))
-    views = views_for(model, 2)
+    args = model_args(model, idx)
     opt = model.configure_optimizers(0.0, 2e-3, (0.9, 0.95), "cpu")
     model.train()
     for _ in range(200):
-        out, loss = model(*model_args(model, idx, views))
+        loss, stats = model(*args)
         opt.zero_grad()
         loss.backward()
         opt.step()
-    mlm_loss = out[0] if model_type == "electra" else loss  # ELECTRA: its generator's masked-token loss
+    mlm_loss = stats.get("mlm_loss", loss)  # ELECTRA: its generator's masked-token loss, a part of its loss
     assert mlm_loss.item() < 0.1 * math.log(256)
 
 
@@ -162,9 +161,9 @@ def test_overfits_one_batch(model_type):
 def test_compiled_matches_eager(model_type):
     model = tiny(model_type)
     idx = torch.randint(0, 50257, (4, 32))
-    args = model_args(model, idx, views_for(model, 4))
-    _, eager = model(*args)
-    _, compiled = torch.compile(model)(*args)
+    args = model_args(model, idx)
+    eager, _ = model(*args)
+    compiled, _ = torch.compile(model)(*args)
     assert compiled.item() == pytest.approx(eager.item(), abs=1e-4)
 
 
@@ -201,10 +200,10 @@ def test_rtd_label_is_replaced_token_differs_from_original(monkeypatch):
     monkeypatch.setattr(model, "run_generator", lambda i, pos: (logits, logits.sum() * 0))
     seen = []
     model.rtd_head.register_forward_hook(lambda m, args, out: seen.append(out.squeeze(-1)))
-    parts, _ = model(idx, views, torch.rand(target.shape))
+    _, stats = model(idx, views, torch.rand(target.shape))
     bce = torch.nn.functional.binary_cross_entropy_with_logits(seen[0], expected.float())
-    assert parts[1].item() == pytest.approx(bce.item(), abs=1e-6)
-    assert parts[3].item() == pytest.approx(expected.float().mean().item())  # the share of positions replaced
+    assert stats["rtd_loss"].item() == pytest.approx(bce.item(), abs=1e-6)
+    assert stats["replaced"].item() == pytest.approx(expected.float().mean().item())  # the share of positions replaced
 
 
 def test_generator_samples_text_ids_only(monkeypatch):
@@ -217,8 +216,8 @@ def test_generator_samples_text_ids_only(monkeypatch):
     monkeypatch.setattr(model, "run_generator", lambda i, pos: (logits, logits.sum() * 0))
     seen = []  # with the generator patched out, the embedding is read by the discriminator alone
     model.wte.register_forward_hook(lambda m, args, out: seen.append(args[0]))
-    parts, _ = model(idx, views, torch.rand(views.target_pos.shape))
-    assert seen[0].max() < 62 and parts[3] > 0.1  # replaced, and only by text ids
+    _, stats = model(idx, views, torch.rand(views.target_pos.shape))
+    assert seen[0].max() < 62 and stats["replaced"] > 0.1  # replaced, and only by text ids
 
 
 def test_samples_follow_the_generator_distribution():
@@ -235,8 +234,8 @@ def test_no_rtd_gradient_reaches_the_generator():
     grads = {}
     for weight in (50.0, 0.0):  # the same model, data and samples; only the RTD term's weight differs
         model = tiny("electra", rtd_weight=weight)
-        args = model_args(model, idx, views_for(model, 2))
-        model(*args)[1].backward()
+        args = model_args(model, idx)
+        model(*args)[0].backward()
         grads[weight] = {n: p.grad.clone() for n, p in model.named_parameters()}
     generator = [n for n in grads[0.0] if n.startswith(("gen_in", "generator.", "ln_g", "gen_out"))]
     assert len(generator) > 4 and all(torch.equal(grads[50.0][n], grads[0.0][n]) for n in generator)
@@ -254,3 +253,35 @@ def test_flops_cli_counts_each_model_with_its_own_defaults(capsys):
         assert float(rows["params (M)"][i]) == round(param_counts(cfg, model_type)[0] / 1e6, 2)
     # ELECTRA's generator gets the discriminator's depth and a quarter of its width (one head of 16)
     assert rows["generator width x depth"][2:] == ["16", "x", "3"]
+
+
+@pytest.mark.parametrize("model_type", ["bert", "crossbert", "electra"])
+def test_one_forward_contract(model_type):
+    # every model: forward(idx, *draw()) -> (scalar loss, {name: detached scalar}); the draws are seeded
+    model = tiny(model_type)
+    idx = torch.randint(0, 50257, (3, 32))
+    a, b = model_args(model, idx, seed=1), model_args(model, idx, seed=1)
+    assert all(torch.equal(x, y) for x, y in zip(torch.utils._pytree.tree_leaves(a), torch.utils._pytree.tree_leaves(b)))
+    loss, stats = model(*a)
+    assert loss.dim() == 0 and loss.requires_grad
+    assert all(v.dim() == 0 and not v.requires_grad for v in stats.values())
+    assert set(stats) == ({"mlm_loss", "rtd_loss", "rtd_accuracy", "replaced"} if model_type == "electra" else set())
+    if model_type == "electra":  # the loss is the sum its parts say
+        assert loss.item() == pytest.approx(stats["mlm_loss"].item() + 50 * stats["rtd_loss"].item(), rel=1e-5)
+    torch.manual_seed(0)
+    fresh, _ = model(idx)  # without draws, forward draws its own
+    assert torch.isfinite(fresh)
+
+
+def test_model_config_refuses_shapes_no_model_can_have():
+    from model import make_config
+    for bad, message in [(dict(n_embd=64, n_head=3), "must split into n_head=3 heads"),
+                         (dict(n_embd=30, n_head=2), "heads of an even size"), (dict(n_layer=0), "n_layer=0"),
+                         (dict(pred_layer=0), "pred_layer=0"), (dict(gen_width=1.5), "gen_width=1.5"),
+                         (dict(mask_ratio=1.0), "mask_ratio=1.0"), (dict(vocab_size=2), "vocab_size=2"),
+                         (dict(block_size=33), "CMS")]:
+        with pytest.raises(ValueError, match=message):
+            make_config({"model_type": "crossbert", **TINY, **bad})
+    # a script's settings: other keys are ignored, and vocab_size 0 is GPT-2's full vocabulary
+    c = make_config({"model_type": "bert", "n_layer": 3, "vocab_size": 0, "learning_rate": 1e-3, "out_dir": "x"})
+    assert c.n_layer == 3 and c.vocab_size == 50304 and c.mask_ratio == 0.2

@@ -1,7 +1,9 @@
+import argparse
 import json
 import math
 import subprocess
 import sys
+from dataclasses import asdict
 
 import numpy as np
 import pytest
@@ -210,3 +212,27 @@ def test_checkpoint_and_train_monitor(tmp_path):
     assert set(scores) == {"SST-2/linear", "SST-2/knn", "STS-B/linear", "STS-B/knn"}
     again = probe.probe_tasks(model, ["SST-2"], glue_dir=glue, max_train=0)
     assert again["SST-2/linear"] == pytest.approx(from_ckpt["linear"]["score"])  # same weights, same scores
+
+
+def test_random_twin_of_a_checkpoint_keeps_its_shape_and_vocabulary_map(tmp_path):
+    from features import add_model_args, load_model
+    torch.manual_seed(123)
+    model = CrossBERT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=64))
+    model.vocab_map.copy_(torch.randint(0, 64, model.vocab_map.shape))  # a compact vocabulary's map
+    ckpt = tmp_path / "ckpt.pt"
+    torch.save(dict(model=model.state_dict(), model_type="crossbert", model_args=asdict(model.config)), ckpt)
+    parser = argparse.ArgumentParser()
+    add_model_args(parser)
+    twins = [load_model(parser.parse_args(["--ckpt=random", f"--like={ckpt}", f"--seed={s}", "--device=cpu"]))[0]
+             for s in (0, 1)]
+    for twin in twins:
+        assert twin.config == model.config and torch.equal(twin.vocab_map, model.vocab_map)
+        assert not torch.equal(twin.wte.weight, model.wte.weight)  # fresh weights
+    assert not torch.equal(twins[0].wte.weight, twins[1].wte.weight)  # the seed picks them
+    # without --like, a random model cannot know the checkpoint's map: it sees every GPT-2 id
+    plain = load_model(parser.parse_args(["--ckpt=random", "--n_layer=2", "--n_head=2", "--n_embd=32", "--device=cpu"]))[0]
+    assert plain.vocab_map is None
+    glue = tiny_glue(tmp_path / "glue")
+    r = subprocess.run([sys.executable, "probe.py", "--ckpt=out/none.pt", f"--like={ckpt}", "--tasks=SST-2",
+                        f"--glue_dir={glue}"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and "pass it with --ckpt=random" in r.stderr

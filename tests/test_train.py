@@ -313,3 +313,15 @@ def test_a_slow_probe_does_not_time_out_the_process_group(tmp_path, dataset):
     assert out.returncode == 0, out.stdout + out.stderr
     probed = [r["probe"] for r in records(tmp_path / "out") if "probe" in r]
     assert probed == [{"SST-2/linear": 50.0}] * 3  # steps 0, 1 and 2, the other process waiting each time
+
+
+def test_base_configs_share_one_file():
+    # the three GPU base runs import config/base_dclm.py and set only what differs
+    keys = dict(model_type="x", out_dir="x", gen_width=0.5, **{k: v for k, v in vars(__import__("config.base_dclm",
+                fromlist=["*"])).items() if not k.startswith("_")})
+    runs = {m: configure(keys, [os.path.join(ROOT, "config", f"base_{m}_dclm.py")]) for m in ("bert", "crossbert", "electra")}
+    for m, cfg in runs.items():
+        assert cfg["model_type"] == m and cfg["out_dir"] == f"out-base-{m}"
+        assert cfg["n_embd"] == 768 and cfg["total_batch_size"] == 512 * 512 and cfg["vocab_size"] == 0
+    differ = {k for k in keys if len({str(cfg[k]) for cfg in runs.values()}) > 1}
+    assert differ == {"model_type", "out_dir", "gen_width"}  # ELECTRA also sets its generator's width
