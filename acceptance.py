@@ -28,7 +28,7 @@ import torch
 
 import bench
 from checkpoint import load_checkpoint
-from configurator import configure, fail
+from configurator import check_writable, configure, fail, user_errors
 from data.tasks import EvalError, load_task
 from features import features, tokenize
 from flops import fastest_dtype, flops_per_position, peak_flops
@@ -168,6 +168,11 @@ def main(argv):
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     report_path = s["report"] or os.path.join(ROOT, "results", "gpu", name.replace(" ", "-") + ".md")
+    for key in ("batch_size", "bench_steps", "eval_iters"):
+        if s[key] < 1:
+            fail(f"--{key}={s[key]}: must be at least 1")
+    check_writable(report_path, "--report", folder=False)
+    check_writable(s["work_dir"], "--work_dir")
     t_start = time.time()
     deadline = t_start + 60 * s["minutes"]
     try:
@@ -175,6 +180,8 @@ def main(argv):
         tasks = tokenized_tasks(names, s["max_train"], s["block_size"])
     except EvalError as e:
         fail(f"--tasks: {e}")
+    if not tasks:
+        fail(f"--tasks={s['tasks']}: no task folders there; pass folders of train.tsv and dev.tsv")
     data_dir = os.path.join(ROOT, "data", s["dataset"])
     if not os.path.exists(os.path.join(data_dir, "val.bin")):
         script = "data/tinybooks/prepare.py" if s["dataset"] == "tinybooks" else "data/local/prepare.py"
@@ -293,4 +300,5 @@ def pair_table(runs, budget, train_tokens, s):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    with user_errors("acceptance.py", EvalError):
+        main(sys.argv[1:])

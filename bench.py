@@ -18,7 +18,7 @@ from contextlib import nullcontext
 
 import torch
 
-from configurator import configure, fail
+from configurator import configure, fail, user_errors
 from flops import fastest_dtype, flops_per_position, peak_flops, training_flops
 from masking import view_shape
 from model import MODELS, make_config
@@ -93,6 +93,9 @@ def flash_check(model, idx, autocast):
 
 def main():
     s = configure(settings, sys.argv[1:])
+    for key in ("batch_size", "steps"):
+        if s[key] < 1:
+            fail(f"--{key}={s[key]}: must be at least 1")
     device = torch.device(s["device"])
     if s["flash_check"] and device.type != "cuda":
         fail("--flash_check needs a CUDA device: FlashAttention is a GPU kernel")
@@ -133,4 +136,5 @@ def main():
     print(json.dumps({**out, **s}))
 
 if __name__ == "__main__":
-    main()
+    with user_errors("bench.py"):
+        main()

@@ -15,7 +15,15 @@ from model import MODELS, ModelConfig
 def save_checkpoint(path, ckpt):
     """Write the dict ckpt to path atomically: a crash mid-write leaves the previous checkpoint intact."""
     tmp = f"{path}.tmp"
-    torch.save(ckpt, tmp)
+    try:
+        with open(tmp, "wb") as f:  # opened here, so a path or disk problem is an OSError (torch.save's own is not)
+            torch.save(ckpt, f)
+    except BaseException as e:  # no half-written file is left behind
+        if os.path.lexists(tmp) and not os.path.isdir(tmp):
+            os.remove(tmp)
+        if isinstance(e, OSError) and e.filename is None:  # a failed write does not name its file
+            e.filename = tmp
+        raise
     os.replace(tmp, path)
 
 

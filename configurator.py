@@ -6,10 +6,18 @@ Scripts keep their settings as plain globals; this overrides them from the comma
 A path runs a config file (python assignments); --key=value sets one key, the value
 read as a Python literal (a bare word stays a string); a bare --flag sets a boolean to True. Keys and types are checked
 against the script's defaults (a default of None takes any value), so a typo is an error, not a silently ignored option.
+
+It also holds the rule every script ends bad input with: one line, `<script>: error: <what and how to fix>`, exit
+status 2 (fail). Errors the world causes, a path that cannot be read or written and text that is not UTF-8, end
+there too: each script runs its work in user_errors() (train.py, which runs at module level, installs
+user_errors_hook()), and checks where it will write (check_writable) before it starts.
 """
 import ast
+import errno
 import os
 import sys
+import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -17,6 +25,96 @@ def fail(message, script=None):
     """Bad input ends in one line, `<script>: error: <what and how to fix>`, and exit status 2: no traceback."""
     print(f"{script or os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+# what the user can do about an OSError, by its errno
+FIXES = {errno.ENOENT: "check the path", errno.ENOTDIR: "a part of the path is a file, not a folder: pick another path",
+         errno.EISDIR: "it is a folder: pass a file", errno.EEXIST: "remove it or pick another path",
+         errno.EACCES: "pick a path you may read and write, or change its permissions",
+         errno.EROFS: "pick a path you may write", errno.ENOSPC: "free some space, or write somewhere else"}
+# the errors a user can cause from outside a script: a program error is none of these and keeps its traceback
+WORLD_ERRORS = (OSError, UnicodeDecodeError)
+
+
+def not_utf8(path, e, line=None):
+    """The message for a file that is not UTF-8 text: the file, the line and column of its first bad byte, the fix.
+
+    e: the UnicodeDecodeError of decoding the whole file, or of one line of it (then pass that line's number).
+    """
+    column = e.start - e.object.rfind(b"\n", 0, e.start)
+    line = line or e.object.count(b"\n", 0, e.start) + 1
+    return (f"{path}:{line}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at column {column}); save the file "
+            "as UTF-8")
+
+
+def world_error(e):
+    """The one-line message for a WORLD_ERRORS exception: the path, what is wrong with it and the fix."""
+    if isinstance(e, UnicodeDecodeError):  # the readers of text files name the file (not_utf8); this is the fallback
+        return f"a file is not UTF-8 text ({e.reason}, byte 0x{e.object[e.start]:02x}); save it as UTF-8"
+    if e.errno is None:  # raised with a message of its own (e.g. data.corpus's), which names the fix
+        return str(e)
+    fix = FIXES.get(e.errno, "check the path")
+    path = e.filename if e.filename2 is None else f"{e.filename} -> {e.filename2}"
+    return f"{path}: {e.strerror or e}; {fix}" if path is not None else f"{e.strerror or e}; {fix}"
+
+
+@contextmanager
+def user_errors(script, *more):
+    """Run a script's work so that every error a user can cause ends in fail(): the world's (WORLD_ERRORS) and the
+    script's own exception types `more`, whose messages already name the fix (e.g. data.tasks.EvalError)."""
+    try:
+        yield
+    except WORLD_ERRORS as e:
+        fail(world_error(e), script)
+    except more as e:
+        fail(str(e), script)
+
+
+def user_errors_hook(script, *more):
+    """user_errors() for a script that runs at module level: a sys.excepthook, so that it holds wherever the error
+    is raised. Other exceptions go on to the hook that was there before."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):  # fail()'s SystemExit, raised in the hook, ends the process with status 2
+        if issubclass(kind, WORLD_ERRORS):
+            fail(world_error(value), script)
+        if issubclass(kind, more):
+            fail(str(value), script)
+        previous(kind, value, tb)
+    sys.excepthook = hook
+
+
+def check_writable(path, setting, folder=True):
+    """Fail now, before any work, unless the run can write `path`: a folder it creates or fills (folder=True), or a
+    file. The nearest part of the path that exists must be a folder the user may write in."""
+    if os.path.isdir(path) != folder and os.path.exists(path):
+        fail(f"{setting}={path} is {'a file' if folder else 'a folder'}, not {'a folder' if folder else 'a file'}; "
+             f"pick another {setting}")
+    parent = os.path.abspath(path if folder else os.path.dirname(os.path.abspath(path)))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        fail(f"{setting}={path}: {parent} is a file, not a folder; pick another {setting}")
+    if not os.access(parent, os.W_OK):
+        fail(f"{setting}={path}: no permission to write in {parent}; pick another {setting}")
+
+
+def run_config(path, arg):
+    """The names a config file assigns. A file that is not UTF-8, does not parse or raises while it runs ends in
+    fail(), naming the file and the line."""
+    try:
+        code = compile(path.read_bytes().decode("utf-8-sig"), str(path), "exec")
+    except UnicodeDecodeError as e:
+        fail(not_utf8(arg, e))
+    except SyntaxError as e:
+        fail(f"{arg}:{e.lineno}: {e.msg}; a config file is Python assignments (e.g. batch_size = 32): fix that line")
+    scope = {}
+    try:
+        exec(code, {}, scope)
+    except Exception as e:  # the config file is the user's code: whatever it raises is its error, at its line
+        line = next((f.lineno for f in reversed(traceback.extract_tb(e.__traceback__)) if f.filename == str(path)), "?")
+        fail(f"{arg}:{line}: {type(e).__name__}: {e}; fix that line of the config file")
+    return scope
 
 
 def configure(defaults, argv, types=None):
@@ -53,9 +151,7 @@ def configure(defaults, argv, types=None):
             path = Path(arg)
             if not path.is_file():
                 fail(f"{arg}: no such config file; pass a file from config/ or --key=value settings")
-            scope = {}
-            exec(path.read_text(), {}, scope)
-            for key, value in scope.items():
+            for key, value in run_config(path, arg).items():
                 if not key.startswith("_"):
                     set_key(key, value, arg)
     return config

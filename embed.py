@@ -37,7 +37,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from configurator import fail
+from configurator import check_writable, fail, user_errors
 from data.pairs import pair_stream
 from data.tasks import EvalError, read_beir, read_sts
 from features import add_model_args, features, load_model, mean_pool, pad, tokenize
@@ -236,11 +236,16 @@ def main(argv=None):
     if args.unfreeze and not args.pairs:
         ap.error("--unfreeze trains on pairs: pass --pairs=...")
     if args.temperature <= 0 or args.steps < 1:
-        ap.error(f"--temperature must be > 0 (got {args.temperature}) and --steps at least 1 (got {args.steps})")
-    try:
+        fail(f"--temperature must be > 0 (got {args.temperature}) and --steps at least 1 (got {args.steps})",
+             "embed.py")
+    if args.pairs and args.batch_size < 2:  # InfoNCE's negatives are the batch's other pairs
+        fail(f"--batch_size={args.batch_size}: contrastive training needs at least 2 pairs a batch", "embed.py")
+    if args.out:
+        check_writable(args.out, "--out", folder=False)
+    if args.mteb:
+        check_writable(args.mteb_out, "--mteb_out")
+    with user_errors("embed.py", EvalError):
         run(args)
-    except EvalError as e:
-        fail(str(e), "embed.py")
 
 
 def run(args):

@@ -168,4 +168,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    from configurator import user_errors
+    with user_errors("flops.py"):
+        main(sys.argv[1:])

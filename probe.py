@@ -21,14 +21,13 @@ train.py calls probe_tasks().
 import argparse
 import json
 import math
-import sys
 import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from configurator import fail
+from configurator import check_writable, fail, user_errors
 from data.tasks import GLUE, EvalError, load_task
 from features import add_model_args, features, load_model, tokenize
 
@@ -243,10 +242,12 @@ def main(argv=None):
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--out", default=None, help="write every score, λ, k, count and timing to this JSON file")
     args = p.parse_args(argv)
-    try:
+    if args.batch_size < 1:
+        fail(f"--batch_size={args.batch_size}: must be at least 1", "probe.py")
+    if args.out:
+        check_writable(args.out, "--out", folder=False)
+    with user_errors("probe.py", EvalError):
         run(args)
-    except EvalError as e:
-        fail(str(e), "probe.py")
 
 
 def run(args):

@@ -29,9 +29,10 @@ import time
 
 import torch
 
-from configurator import configure, fail
+from configurator import check_writable, configure, fail, user_errors
 from flops import budget_steps, param_counts, training_flops
 from checkpoint import load_checkpoint
+from data.tasks import EvalError, load_task
 from features import random_twin
 from model import MODELS, make_config
 
@@ -295,6 +296,12 @@ def main(argv):
     unknown = [f for f in families if f not in MODELS]
     if unknown:
         fail(f"--families: unknown {', '.join(unknown)}; expected a comma-separated subset of {','.join(MODELS)}")
+    unknown = [a for a in s["axes"].split(",") if a not in ("main", "mask", "cms", "predictor")]
+    if unknown:  # an axis spelled wrong would leave it out of the plan, silently
+        fail(f"--axes: unknown {', '.join(unknown)}; expected a comma-separated subset of main,mask,cms,predictor")
+    for key in ("nproc", "micro_batch", "random_seeds"):
+        if s[key] < 0:
+            fail(f"--{key}={s[key]}: must be >= 0" + (" (0 = the preset's)" if key != "random_seeds" else ""))
     runs = plan(p, s["axes"].split(","), families)
     extra = {k: v for k, v in (("dtype", p["dtype"]), ("eval_interval", p["eval_interval"])) if v}
 
@@ -321,6 +328,12 @@ def main(argv):
     if s["sts"] and not os.path.exists(s["sts"]):
         fail(f"--sts={s['sts']} does not exist; pass STS-B's folder, or --sts= (empty) to skip zero-shot STS")
     tasks, sts = s["tasks"], s["sts"]
+    check_writable(out_dir, "--out_dir")
+    try:  # the probes' tasks are read now, so a bad one stops the sweep before its first run, not after it
+        for task in tasks.split(","):
+            load_task(task, s["glue_dir"] or None, p["probe_max_train"])
+    except EvalError as e:
+        fail(f"--tasks: {e}")
 
     os.makedirs(out_dir, exist_ok=True)
     results_path = os.path.join(out_dir, "results.jsonl")
@@ -377,4 +390,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    with user_errors("sweep.py", EvalError):
+        main(sys.argv[1:])

@@ -31,12 +31,15 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import checkpoint
-from configurator import configure, fail
+from configurator import check_writable, configure, fail, user_errors_hook
 from data.loader import TokenWindows, unigram_loss
+from data.tasks import GLUE, EvalError, load_task
 from data.tokenizer import compact_vocab
 from flops import budget_steps, fastest_dtype, peak_flops, training_flops
 from masking import Views, view_shape
 from model import MODELS, make_config
+
+user_errors_hook("train.py", EvalError)  # e.g. a path that cannot be written, anywhere below, ends in one line
 
 # -----------------------------------------------------------------------------
 # settings: the defaults train a tiny CrossBERT on 2 CPU cores in under 10 minutes (see README: the CPU recipe)
@@ -117,6 +120,14 @@ if not device.startswith(("cpu", "cuda")):
     fail(f"device={device!r}: expected cpu or cuda[:N]")
 if init_from not in ("scratch", "resume"):
     fail(f"init_from={init_from!r}: expected scratch or resume")
+check_writable(out_dir, "out_dir")
+if probe_interval:  # local probe tasks are read now, so a bad one stops the run before it starts (the hub's: at step 0)
+    try:
+        for task in probe_tasks.split(","):
+            if probe_glue_dir or task.upper() not in map(str.upper, GLUE):
+                load_task(task, probe_glue_dir or None, probe_max_train)
+    except EvalError as e:
+        fail(f"probe_tasks: {e}")
 # -----------------------------------------------------------------------------
 
 ddp = "RANK" in os.environ  # set by torchrun
@@ -397,7 +408,7 @@ write_log({"step": step, "unigram_loss": round(unigram, 4), "max_iters": max_ite
 def on_interrupt(kind, value, tb):
     """Ctrl-C: one line that names the checkpoint to resume from, and no half-written temp file left behind."""
     if not issubclass(kind, KeyboardInterrupt):
-        return sys.__excepthook__(kind, value, tb)
+        return excepthook(kind, value, tb)  # user_errors_hook's: one line for a path that cannot be written
     if os.path.exists(ckpt_path + ".tmp"):
         os.remove(ckpt_path + ".tmp")
     where = (f"the last checkpoint is {ckpt_path}; continue with --init_from=resume --out_dir={out_dir}"
@@ -405,7 +416,7 @@ def on_interrupt(kind, value, tb):
     print(f"train.py: interrupted at step {step}; {where}", file=sys.stderr)
 
 
-sys.excepthook = on_interrupt
+excepthook, sys.excepthook = sys.excepthook, on_interrupt
 
 # -----------------------------------------------------------------------------
 # training loop

@@ -16,6 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from configurator import check_writable, fail, not_utf8, world_error
+from data.tasks import EvalError
 from data.tokenizer import EOT, MASK, PAD, VOCAB_SIZE, get_tokenizer
 
 EXTENSIONS = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
@@ -53,14 +55,16 @@ def read_files(input, text_key="text"):
                 for batch in pq.ParquetFile(path).iter_batches(batch_size=1024, columns=[text_key]):
                     yield from batch.column(0).to_pylist()
             else:
-                with (gzip.open if path.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
-                    for n, row in enumerate(f, 1):
+                with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
+                    for n, row in enumerate(f, 1):  # decoded a line at a time, so a bad byte's line is known
                         if row.strip():
-                            yield json.loads(row)[text_key]
-        except (OSError, ValueError, KeyError, TypeError) as e:  # UnicodeDecodeError and JSON errors are ValueErrors
+                            yield json.loads(row.decode("utf-8"))[text_key]
+        except UnicodeDecodeError as e:
+            raise EvalError(f"{not_utf8(path, e, n)}, or remove it from --input") from None
+        except (OSError, ValueError, KeyError, TypeError) as e:  # JSON errors are ValueErrors
             where = f"{path}, line {n}" if n else path
-            raise ValueError(f"cannot read {where}: {e!r}. Convert it to UTF-8 text (with a {text_key!r} field in "
-                             "each row of .jsonl/.parquet, or pass --text_key=) or remove it from --input") from e
+            raise EvalError(f"cannot read {where}: {e!r}. Convert it to UTF-8 text (with a {text_key!r} field in "
+                            "each row of .jsonl/.parquet, or pass --text_key=) or remove it from --input") from e
 
 
 def read_hub(dataset, name=None, text_key="text"):
@@ -190,6 +194,10 @@ def main(doc, **defaults):
     a = p.parse_args()
     if not (a.input or a.dataset):
         p.error(f"pass --input= {FORMATS}")
+    for name, value in (("threads", a.threads), ("max_tokens", a.max_tokens)):
+        if value is not None and value < 1:
+            fail(f"--{name}={value}: must be at least 1" + (" (leave it out for no budget)" * (name == "max_tokens")))
+    check_writable(a.out_dir, "--out_dir")
     try:
         if a.input:
             docs, source = read_files(a.input, a.text_key), a.input
@@ -197,4 +205,4 @@ def main(doc, **defaults):
             docs, source = read_hub(a.dataset, a.name, a.text_key), a.dataset + (f" ({a.name})" if a.name else "")
         write_bins(docs, a.out_dir, source, a.val_every, a.max_tokens, a.threads)
     except (ValueError, OSError) as e:  # bad input: one line that names the file and the fix, no traceback
-        p.exit(2, f"{p.prog}: error: {e}\n")
+        p.exit(2, f"{p.prog}: error: {world_error(e) if isinstance(e, OSError) else e}\n")

@@ -6,7 +6,7 @@ import random
 from pathlib import Path
 
 from data.corpus import FORMATS, find_files, read_files
-from data.tasks import EvalError, read_jsonl
+from data.tasks import EvalError, read_jsonl, utf8_lines
 from data.tokenizer import EOT, encode
 
 
@@ -62,10 +62,9 @@ def text_pairs(spec):
         for n, obj in read_jsonl(path):
             yield first_two_texts(obj.values(), f"{path}:{n}")
         return
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                yield first_two_texts(line.rstrip("\n").split("\t"), f"{path}:{n}")
+    for n, line in utf8_lines(path):
+        if line.strip():
+            yield first_two_texts(line.rstrip("\n").split("\t"), f"{path}:{n}")
 
 
 def pair_stream(spec, seed, max_len, buffer=4096):

@@ -6,6 +6,7 @@ Bad input is an EvalError whose message names the file (and line), the problem a
 """
 import csv
 import gzip
+import io
 import json
 import math
 import os
@@ -13,6 +14,8 @@ from collections import namedtuple
 from pathlib import Path
 
 import numpy as np
+
+from configurator import not_utf8
 
 
 class EvalError(ValueError):
@@ -47,9 +50,12 @@ def read_tsv(path, header=None):
     """
     if not os.path.isfile(path):
         raise EvalError(f"{path} is missing; a task folder needs train.tsv and dev.tsv (dev_matched.tsv for MNLI)")
-    with open(path, encoding="utf-8-sig", newline="") as f:  # utf-8-sig drops MRPC's byte-order mark
-        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        rows = [(reader.line_num, row) for row in reader if row]
+    try:
+        text = Path(path).read_bytes().decode("utf-8-sig")  # utf-8-sig drops MRPC's byte-order mark
+    except UnicodeDecodeError as e:
+        raise EvalError(not_utf8(path, e)) from None
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
+    rows = [(reader.line_num, row) for row in reader if row]
     names = header or (rows.pop(0)[1] if rows else [])
     if not rows:
         raise EvalError(f"{path} has no examples; fill it or leave the task out of --tasks")
@@ -162,6 +168,11 @@ def load_task(name, glue_dir=None, max_train=0, seed=1337):
     texts, labels = data["train"]
     if len(labels) < 2:
         raise EvalError(f"task {name} has {len(labels)} training example; the probes need at least 2")
+    need = max(2, len(classes or ()))  # the probes hold out part of train, and need an example of each class
+    if max_train < 0 or 0 < max_train < need:
+        raise EvalError(f"task {name}: max_train={max_train} keeps fewer than the {need} training examples the probes "
+                        f"need ({'one per class' if classes else 'one to fit, one held out'}); pass at least {need}, "
+                        "or 0 for all of train")
     if 0 < max_train < len(labels):
         keep = np.sort(np.random.default_rng(seed).permutation(len(labels))[:max_train])
         data["train"] = [texts[i] for i in keep], labels[keep]
@@ -197,19 +208,19 @@ def read_beir(folder):
               for _, d in read_jsonl(p / "corpus.jsonl", ["_id", "text"])}
     queries = {str(q["_id"]): q["text"] for _, q in read_jsonl(p / "queries.jsonl", ["_id", "text"])}
     qrels, path = {}, p / "qrels/test.tsv"
-    with open(path, encoding="utf-8") as f:
-        if f.readline().rstrip("\n").split("\t") != ["query-id", "corpus-id", "score"]:
-            raise EvalError(f"{path}:1: expected the header query-id<TAB>corpus-id<TAB>score; fix: add it")
-        for n, line in enumerate(f, 2):
-            if not line.strip():
-                continue
-            r = line.rstrip("\n").split("\t")
-            if len(r) != 3 or not r[2].lstrip("-").isdigit():
-                raise EvalError(f"{path}:{n}: expected query-id<TAB>corpus-id<TAB>integer score; fix that line")
-            if r[0] not in queries:
-                raise EvalError(f"{path}:{n}: query id {r[0]!r} is not in queries.jsonl; fix the id or add the query")
-            if int(r[2]) > 0:  # grade 0 (judged not relevant) counts the same as unjudged for both metrics
-                qrels.setdefault(r[0], {})[r[1]] = int(r[2])
+    lines = utf8_lines(path)
+    if next(lines, (1, ""))[1].rstrip("\n").split("\t") != ["query-id", "corpus-id", "score"]:
+        raise EvalError(f"{path}:1: expected the header query-id<TAB>corpus-id<TAB>score; fix: add it")
+    for n, line in lines:
+        if not line.strip():
+            continue
+        r = line.rstrip("\n").split("\t")
+        if len(r) != 3 or not r[2].lstrip("-").isdigit():
+            raise EvalError(f"{path}:{n}: expected query-id<TAB>corpus-id<TAB>integer score; fix that line")
+        if r[0] not in queries:
+            raise EvalError(f"{path}:{n}: query id {r[0]!r} is not in queries.jsonl; fix the id or add the query")
+        if int(r[2]) > 0:  # grade 0 (judged not relevant) counts the same as unjudged for both metrics
+            qrels.setdefault(r[0], {})[r[1]] = int(r[2])
     if not qrels:
         raise EvalError(f"{path}: no query has a relevant doc (score > 0); nothing to evaluate")
     return corpus, queries, qrels
@@ -217,14 +228,25 @@ def read_beir(folder):
 
 def read_jsonl(path, keys=()):
     """(line number, object) of a .jsonl or .jsonl.gz file; every object must have the string fields `keys`."""
-    with (gzip.open if path.name.endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+    for n, line in utf8_lines(path):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise EvalError(f"{path}:{n}: not valid JSON ({e.msg}); fix: one JSON object per line") from None
+        if not isinstance(obj, dict) or not all(isinstance(obj.get(k), str) for k in keys):
+            raise EvalError(f"{path}:{n}: expected a JSON object with the fields {list(keys)}; fix: add them")
+        yield n, obj
+
+
+def utf8_lines(path):
+    """(line number, line) of a UTF-8 text file (.gz: gzip-compressed), "\\r\\n" read as "\\n"; a line that is not
+    UTF-8 is an EvalError that names the file and the line."""
+    with (gzip.open if str(path).endswith(".gz") else open)(path, "rb") as f:
+        for n, raw in enumerate(f, 1):  # decoded a line at a time, so a bad byte's line is known
             try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EvalError(f"{path}:{n}: not valid JSON ({e.msg}); fix: one JSON object per line") from None
-            if not isinstance(obj, dict) or not all(isinstance(obj.get(k), str) for k in keys):
-                raise EvalError(f"{path}:{n}: expected a JSON object with the fields {list(keys)}; fix: add them")
-            yield n, obj
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise EvalError(not_utf8(path, e, n)) from None
+            yield n, line[:-2] + "\n" if line.endswith("\r\n") else line

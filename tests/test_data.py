@@ -133,7 +133,7 @@ def test_prepare_bad_input(tmp_path, case):
         match = r"z.txt: .*NUL bytes.*remove it from --input"
     elif case == "invalid utf-8":
         (src / "z.txt").write_bytes(b"caf\xe9 latin-1")
-        match = r"z.txt: .*utf-8.*Convert it to UTF-8"
+        match = r"z.txt:1: not UTF-8 text \(byte 0xe9 at column 4\); save the file as UTF-8, or remove it from --input"
     elif case == "bad json":
         (src / "z.jsonl").write_text('{"text": "ok"}\nnot json\n')
         match = r"z.jsonl, line 2: JSONDecodeError\(.Expecting value"

@@ -1,4 +1,6 @@
-"""Bad input to train.py ends in one line, `train.py: error: ...`, exit status 2, and writes nothing."""
+"""Bad input ends in one line, `<script>: error: ...`, exit status 2, and writes nothing: settings, and the errors
+of the world (paths that cannot be read or written, text that is not UTF-8, config files that do not run, sizes that
+leave nothing to do) for every command-line script. "{w}" in a row is a folder of such files (the world fixture)."""
 import json
 import os
 import runpy
@@ -43,9 +45,55 @@ CASES = [
     (["--init_from=resume"], "init_from=resume: no checkpoint"),
     (["--batchsize=4"], "unknown setting 'batchsize'"),
     (["--dataset=no/such/data"], "does not exist"),
+    # the world: paths, encodings, config files, sizes
+    (["--out_dir={w}/afile/out"], "out_dir={w}/afile/out: {w}/afile is a file, not a folder; pick another out_dir"),
+    (["--out_dir={w}/afile"], "out_dir={w}/afile is a file, not a folder"),
+    (["--probe_interval=1", "--probe_tasks={w}/no_such_task"], "probe_tasks: unknown task '{w}/no_such_task'"),
+    (["{w}/broken.py"], "{w}/broken.py:2: '(' was never closed; a config file is Python assignments"),
+    (["{w}/raises.py"], "{w}/raises.py:2: NameError: name 'undefined_name' is not defined; fix that line"),
+    (["{w}/latin1.py"], "{w}/latin1.py:2: not UTF-8 text (byte 0xe9 at column 6); save the file as UTF-8"),
+    (["--probe_interval=1", "--probe_tasks={w}/latin1_task"], "probe_tasks: {w}/latin1_task/train.tsv:3: not UTF-8"),
+    (["--probe_interval=1", "--probe_tasks={w}/task3", "--probe_max_train=2"],
+     "max_train=2 keeps fewer than the 3 training examples the probes need (one per class)"),
 ]
 if not __import__("torch").cuda.is_available():
     CASES.append((["--device=cuda"], "this machine has no CUDA device"))
+
+
+@pytest.fixture
+def world(tmp_path):
+    """Files a user may pass by mistake, in tmp_path/world: a regular file where a folder belongs, config files that
+    do not parse, raise or are not UTF-8, Latin-1 data files, a task with 3 classes; and good small inputs."""
+    w = tmp_path / "world"
+    w.mkdir()
+    (w / "afile").write_text("a regular file\n")
+    (w / "broken.py").write_text("batch_size = 4\nn_layer = (\n")
+    (w / "raises.py").write_text("batch_size = 4\nn_layer = undefined_name\n")
+    (w / "latin1.py").write_bytes("batch_size = 4\n# caf\xe9 au lait\n".encode("latin-1"))
+    for name, labels, encoding in (("task3", "012", "utf-8"), ("latin1_task", "01", "latin-1")):
+        (w / name).mkdir()
+        for split in ("train", "dev"):
+            rows = [("caf\xe9" if i == 1 else "tea") + f" number {i}\t{labels[i % len(labels)]}" for i in range(12)]
+            (w / name / f"{split}.tsv").write_bytes("\n".join(["sentence\tlabel"] + rows).encode(encoding) + b"\n")
+    (w / "sts.tsv").write_text("".join(f"{i % 5}.0\tsentence {i}\tother {i * 7 % 11}\n" for i in range(20)))
+    (w / "latin1_sts.tsv").write_bytes("1.0\ta\tb\n2.0\tcaf\xe9\tb\n".encode("latin-1"))
+    (w / "pairs.tsv").write_text("".join(f"left {i}\tright {i}\n" for i in range(80)))
+    (w / "latin1_pairs.tsv").write_bytes("a\tb\nc\td\ncaf\xe9\tb\n".encode("latin-1"))
+    (w / "latin1_beir" / "qrels").mkdir(parents=True)
+    (w / "latin1_beir" / "corpus.jsonl").write_bytes('{"_id": "d1", "text": "caf\xe9"}\n'.encode("latin-1"))
+    (w / "latin1_beir" / "queries.jsonl").write_text('{"_id": "q1", "text": "coffee"}\n')
+    (w / "latin1_beir" / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    for name, encoding in (("corpus", "utf-8"), ("latin1_corpus", "latin-1")):
+        (w / name).mkdir()
+        for i in range(3):
+            (w / name / f"{i}.txt").write_bytes(f"book {i}\nthe caf\xe9 on the corner\n".encode(encoding))
+    (w / "latin1.jsonl").write_bytes('{"text": "fine"}\n{"text": "caf\xe9"}\n'.encode("latin-1"))
+    return w
+
+
+def snapshot(folder):
+    """Every path under folder, with the bytes of each file: equal snapshots mean nothing was written."""
+    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None for p in sorted(folder.rglob("*"))}
 
 
 @pytest.fixture(scope="module")
@@ -63,15 +111,121 @@ def run(args, dataset, out_dir):
 
 
 @pytest.mark.parametrize("args,message", CASES, ids=[" ".join(a) for a, _ in CASES])
-def test_bad_setting_is_one_line(args, message, dataset, tmp_path, monkeypatch, capsys):
+def test_bad_setting_is_one_line(args, message, dataset, world, tmp_path, monkeypatch, capsys):
     # in this process (importing torch once is most of a subprocess's time); exactly what `python train.py` runs
+    args, message = [a.replace("{w}", str(world)) for a in args], message.replace("{w}", str(world))
     monkeypatch.setattr(sys, "argv", ["train.py", *TINY, f"--dataset={dataset}", f"--out_dir={tmp_path / 'out'}", *args])
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # train.py installs its own: restored afterwards
+    before = snapshot(world)
     with pytest.raises(SystemExit) as e:
         runpy.run_path(os.path.join(ROOT, "train.py"), run_name="__main__")
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.startswith("train.py: error: ") and err.count("\n") == 1, err
     assert message in err
-    assert not (tmp_path / "out").exists()  # checked before anything is written
+    assert not (tmp_path / "out").exists() and snapshot(world) == before  # checked before anything is written
+
+
+# the other scripts, run as `python <script>` runs them, with BASE[script] first (later arguments win); rows as CASES
+BASE = {
+    "probe.py": ["--ckpt=random", "--n_layer=1", "--n_embd=32", "--n_head=2", "--tasks={w}/task3"],
+    "embed.py": ["--ckpt=random", "--n_layer=1", "--n_embd=32", "--n_head=2", "--sts={w}/sts.tsv"],
+    "sweep.py": ["--glue_dir=", "--sts=", "--tasks={w}/task3", "--out_dir={w}/sweep", "--axes=main", "--families=bert",
+                 "--random_seeds=0", "--compile=False"],
+    "bench.py": ["--n_layer=1", "--n_embd=32", "--n_head=2", "--block_size=32", "--compile=False", "--warmup=0",
+                 "--steps=1", "--batch_size=2", "--dtype=float32", "--device=cpu"],
+    "flops.py": [],
+    "acceptance.py": ["--smoke", "--device=cpu", "--tasks={w}/task3", "--report={w}/report/cpu.md",
+                      "--work_dir={w}/work"],
+    "data/local/prepare.py": ["--input={w}/corpus", "--out_dir={w}/prepared", "--val_every=2"],
+    "data/tinybooks/prepare.py": [],
+}
+WORLD = [
+    ("probe.py", ["--out={w}/afile/probe.json"], "--out={w}/afile/probe.json: {w}/afile is a file, not a folder"),
+    ("probe.py", ["--out={w}"], "--out={w} is a folder, not a file; pick another --out"),
+    ("probe.py", ["--tasks={w}/latin1_task"], "{w}/latin1_task/train.tsv:3: not UTF-8 text (byte 0xe9 at column 4)"),
+    ("probe.py", ["--batch_size=0"], "--batch_size=0: must be at least 1"),
+    ("probe.py", ["--max_train=2"], "task {w}/task3: max_train=2 keeps fewer than the 3 training examples"),
+    ("probe.py", ["--max_train=-1"], "max_train=-1 keeps fewer than the 3 training examples"),
+    ("embed.py", ["--out={w}/afile/embed.json"], "--out={w}/afile/embed.json: {w}/afile is a file, not a folder"),
+    ("embed.py", ["--sts={w}/latin1_sts.tsv"], "{w}/latin1_sts.tsv:2: not UTF-8 text (byte 0xe9 at column 8)"),
+    ("embed.py", ["--beir={w}/latin1_beir"], "{w}/latin1_beir/corpus.jsonl:1: not UTF-8 text"),
+    ("embed.py", ["--pairs={w}/latin1_pairs.tsv"], "{w}/latin1_pairs.tsv:3: not UTF-8 text (byte 0xe9 at column 4)"),
+    ("embed.py", ["--pairs=crop:{w}/latin1_corpus"], "{w}/latin1_corpus/0.txt:2: not UTF-8 text (byte 0xe9"),
+    ("embed.py", ["--pairs={w}/pairs.tsv", "--batch_size=0"], "--batch_size=0: contrastive training needs at least 2"),
+    ("embed.py", ["--pairs={w}/pairs.tsv", "--batch_size=1"], "--batch_size=1: contrastive training needs at least 2"),
+    ("embed.py", ["--steps=0"], "--steps at least 1 (got 0)"),
+    ("sweep.py", ["--out_dir={w}/afile/sweep"], "--out_dir={w}/afile/sweep: {w}/afile is a file, not a folder"),
+    ("sweep.py", ["--tasks={w}/latin1_task"], "--tasks: {w}/latin1_task/train.tsv:3: not UTF-8 text"),
+    ("sweep.py", ["{w}/broken.py", "--dry_run"], "{w}/broken.py:2: '(' was never closed"),
+    ("sweep.py", ["{w}/latin1.py", "--dry_run"], "{w}/latin1.py:2: not UTF-8 text"),
+    ("sweep.py", ["--nproc=-1", "--dry_run"], "--nproc=-1: must be >= 0 (0 = the preset's)"),
+    ("sweep.py", ["--axes=main,mask_ratio", "--dry_run"], "--axes: unknown mask_ratio; expected a comma-separated"),
+    ("bench.py", ["{w}/broken.py"], "{w}/broken.py:2: '(' was never closed"),
+    ("bench.py", ["{w}/latin1.py"], "{w}/latin1.py:2: not UTF-8 text"),
+    ("bench.py", ["--steps=0"], "--steps=0: must be at least 1"),
+    ("bench.py", ["--batch_size=0"], "--batch_size=0: must be at least 1"),
+    ("flops.py", ["{w}/broken.py"], "{w}/broken.py:2: '(' was never closed"),
+    ("flops.py", ["{w}/raises.py"], "{w}/raises.py:2: NameError: name 'undefined_name' is not defined"),
+    ("flops.py", ["{w}/latin1.py"], "{w}/latin1.py:2: not UTF-8 text"),
+    ("flops.py", ["--n_embd=64", "--n_head=3"], "must split into n_head=3 heads"),
+    ("flops.py", ["--n_layer=0"], "n_layer=0: must be at least 1"),
+    ("probe.py", ["--ckpt=random", "--n_embd=64", "--n_head=3", "--tasks={w}/task3"], "must split into n_head=3 heads"),
+    ("acceptance.py", ["--report={w}/afile/cpu.md"], "--report={w}/afile/cpu.md: {w}/afile is a file, not a folder"),
+    ("acceptance.py", ["--work_dir={w}/afile/work"], "--work_dir={w}/afile/work: {w}/afile is a file, not a folder"),
+    ("acceptance.py", ["--tasks={w}/latin1_task"], "--tasks: {w}/latin1_task/train.tsv:3: not UTF-8 text"),
+    ("acceptance.py", ["{w}/broken.py"], "{w}/broken.py:2: '(' was never closed"),
+    ("acceptance.py", ["--max_train=2"], "--tasks: task {w}/task3: max_train=2 keeps fewer than the 3 training"),
+    ("acceptance.py", ["--bench_steps=0"], "--bench_steps=0: must be at least 1"),
+    ("data/local/prepare.py", ["--out_dir={w}/afile/out"], "--out_dir={w}/afile/out: {w}/afile is a file, not a"),
+    ("data/local/prepare.py", ["--input={w}/latin1_corpus"], "{w}/latin1_corpus/0.txt:2: not UTF-8 text (byte 0xe9"),
+    ("data/local/prepare.py", ["--input={w}/latin1.jsonl"], "{w}/latin1.jsonl:2: not UTF-8 text (byte 0xe9 at column"),
+    ("data/local/prepare.py", ["--threads=0"], "--threads=0: must be at least 1"),
+    ("data/local/prepare.py", ["--max_tokens=0"], "--max_tokens=0: must be at least 1 (leave it out for no budget)"),
+    ("data/tinybooks/prepare.py", ["--out_dir={w}/afile/out"], "{w}/afile/out: Not a directory; a part of the path is"),
+]
+
+
+@pytest.mark.parametrize("script,args,message", WORLD,
+                         ids=[f"{r[0]} {' '.join(r[1])}" for r in (getattr(r, "values", r) for r in WORLD)])
+def test_the_world_is_one_line(script, args, message, world, monkeypatch, capsys):
+    args = [a.replace("{w}", str(world)) for a in BASE[script] + args]
+    monkeypatch.setattr(sys, "argv", [script, *args])
+    before = snapshot(world)
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(os.path.join(ROOT, script), run_name="__main__")
+    err = capsys.readouterr().err
+    name = os.path.basename(script)
+    assert e.value.code == 2 and err.startswith(f"{name}: error: ") and err.count("\n") == 1, err
+    assert message.replace("{w}", str(world)) in err
+    assert snapshot(world) == before  # checked before anything is written
+
+
+def test_a_full_disk_mid_run_is_one_line(dataset, tmp_path):
+    """The rule holds wherever train.py is: here its first checkpoint meets a full disk (/dev/full)."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    tmp_path.joinpath("ckpt.pt.tmp").symlink_to("/dev/full")
+    out = run(["--total_batch_size=64", "--eval_interval=1", "--max_iters=1"], dataset, tmp_path)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr == f"train.py: error: {tmp_path}/ckpt.pt.tmp: No space left on device; free some space, or " \
+                         "write somewhere else\n"
+    assert sorted(os.listdir(tmp_path)) == ["log.jsonl"]  # no checkpoint, no half-written one
+
+
+def test_a_program_error_keeps_its_traceback(monkeypatch):
+    """Only the errors a user causes become one line: anything else is a bug, and its traceback is the report."""
+    from configurator import user_errors, user_errors_hook
+    with pytest.raises(ZeroDivisionError), user_errors("x.py", KeyError):
+        1 / 0
+    seen = []
+    monkeypatch.setattr(sys, "excepthook", lambda *exc: seen.append(exc[0]))
+    user_errors_hook("x.py", KeyError)
+    sys.excepthook(ZeroDivisionError, ZeroDivisionError(), None)
+    assert seen == [ZeroDivisionError]  # handed on to the hook that was there before
+    for error in (FileNotFoundError(2, "No such file or directory", "x.txt"), KeyError("x")):
+        with pytest.raises(SystemExit) as e:
+            sys.excepthook(type(error), error, None)
+        assert e.value.code == 2 and seen == [ZeroDivisionError]
 
 
 def test_checkpoint_is_never_replaced_silently(dataset, tmp_path):

@@ -10,6 +10,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
+from configurator import user_errors
 from data.corpus import read_files, write_bins
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -24,4 +25,5 @@ def prepare(out_dir=HERE):
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out_dir", default=HERE, help="where train.bin, val.bin and meta.json go")
-    prepare(p.parse_args().out_dir)
+    with user_errors("prepare.py"):
+        prepare(p.parse_args().out_dir)
