@@ -23,11 +23,22 @@ BEIR sets, data/pairs.py the pairs.
 --beir   BEIR folders (corpus.jsonl, queries.jsonl, qrels/test.tsv); comma-separate several
 --mteb   MTEB tasks scored by mteb's own evaluators (pip install mteb; see mteb_eval.py): task names,
          e.g. STSBenchmark,Banking77Classification (data from the hub), or local STS sets as --sts takes
+--save_pooler=PATH  keep the frozen row's trained pooler (weights, kind, dims, the --ckpt it was trained on)
+
+Embedding your own texts with a saved pooler (or plain mean pooling without --load_pooler):
+
+    python embed.py --ckpt=out/ckpt.pt --pairs=crop:data/tinybooks/books.jsonl.gz --sts=../shared/glue/STS-B \
+        --save_pooler=pooler.pt
+    python embed.py --ckpt=out/ckpt.pt --load_pooler=pooler.pt --texts=my.txt --out_npy=vecs.npy
+
+--texts  a .jsonl file (one object per line, the text in --text_key) or any other text file (one text per line);
+         --out_npy gets a float32 matrix, one unit-norm row per text, in input order
 """
 import argparse
 import itertools
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -37,10 +48,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from checkpoint import save_checkpoint
 from configurator import check_writable, fail, user_errors
 from data.pairs import pair_stream
 from data.tasks import EvalError, read_beir, read_sts
-from features import add_model_args, features, load_model, mean_pool, pad, tokenize
+from features import add_model_args, embed_texts, load_model, mean_pool, pad
 from probe import spearman
 
 # ----------------------------------------------------------------------------
@@ -85,6 +97,34 @@ class AttentionPooler(nn.Module):
 POOLERS = {"mean": MeanPooler, "attn": AttentionPooler}
 
 
+def save_pooler(path, pooler, kind, n_embd, n_head, ckpt):
+    """Write a trained pooler to path atomically (as checkpoints are): its weights, its kind and dims, and the
+    backbone checkpoint it was trained on, which is the one it must be used with."""
+    state = {k: v.detach().cpu() for k, v in pooler.state_dict().items()}
+    save_checkpoint(path, dict(pooler=state, kind=kind, n_embd=n_embd, n_head=n_head, ckpt=str(ckpt)))
+
+
+def load_pooler(path):
+    """(pooler on the CPU, the saved dict) of a --save_pooler file; a missing or foreign file is an EvalError."""
+    if not os.path.isfile(path):
+        raise EvalError(f"--load_pooler={path}: no such file; train and keep one with --pairs=... --save_pooler=PATH")
+    fix = "pass a file written by embed.py --save_pooler"
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise EvalError(f"{path} is truncated or not a saved pooler ({type(e).__name__}); {fix}") from None
+    if not isinstance(saved, dict) or not {"pooler", "kind", "n_embd", "n_head", "ckpt"} <= saved.keys() \
+            or saved["kind"] not in POOLERS:
+        raise EvalError(f"{path} is not a saved pooler (no pooler/kind/n_embd/n_head/ckpt); {fix}")
+    pooler = POOLERS[saved["kind"]](saved["n_embd"], saved["n_head"])
+    try:
+        pooler.load_state_dict(saved["pooler"])
+    except RuntimeError:
+        raise EvalError(f"{path}: its weights do not fit a {saved['kind']} pooler of {saved['n_embd']} dims; "
+                        f"{fix}") from None
+    return pooler, saved
+
+
 def info_nce(a, b, temperature):
     """Symmetric InfoNCE with in-batch negatives: a[i] must pick b[i] among all of b, and b[i] must pick a[i].
     Symmetric (our choice): both sides of a crop pair are alike, and the second direction adds negatives for free."""
@@ -109,18 +149,11 @@ def recall_at_k(ranked, qrel, k=100):
 # ----------------------------------------------------------------------------
 # Embedding and evaluation
 
-def embed(model, pooler, texts, batch_size=256, desc=None):
-    """Unit-norm embeddings (N, C) of texts: the pooler's, or plain mean pooling when pooler is None."""
-    ids, _ = tokenize([(t,) for t in texts], model.config.block_size)
-    z = features(model, ids, batch_size=batch_size, pool=pooler or mean_pool, desc=desc)[model.config.n_layer]
-    return F.normalize(torch.from_numpy(z), dim=-1)
-
-
 def eval_sts(model, pooler, pairs):
     """Spearman x100 between cosine similarity and the gold score; pairs: [(sentence1, sentence2, score)]."""
     s1, s2, gold = zip(*pairs)
     # cosines in float64: float32 rounding ties or swaps close cosines, which moves the score by about 1e-4
-    e1, e2 = (F.normalize(embed(model, pooler, s).double(), dim=-1) for s in (s1, s2))
+    e1, e2 = (F.normalize(embed_texts(model, pooler, s).double(), dim=-1) for s in (s1, s2))
     return 100 * spearman((e1 * e2).sum(-1).numpy(), gold)
 
 
@@ -156,8 +189,8 @@ def eval_retrieval(model, pooler, beir, k=100):
     """nDCG@10 and Recall@100 (x100), averaged over the queries that have a relevant doc."""
     corpus, queries, qrels = beir
     doc_ids, qids = list(corpus), list(qrels)
-    d = embed(model, pooler, list(corpus.values()), desc="corpus")
-    q = embed(model, pooler, [queries[i] for i in qids])
+    d = embed_texts(model, pooler, list(corpus.values()), desc="corpus")
+    q = embed_texts(model, pooler, [queries[i] for i in qids])
     row = {doc: r for r, doc in enumerate(doc_ids)}
     # as BEIR and MTEB: a query never retrieves a doc with its own id (datasets where queries are docs too)
     exclude = torch.tensor([row.get(i, -1) for i in qids])
@@ -212,6 +245,72 @@ def train(model, pooler, pairs, steps, batch_size, lr, backbone_lr, temperature,
     return losses
 
 # ----------------------------------------------------------------------------
+# Embedding a file of texts (--texts)
+
+def read_texts(path, text_key):
+    """The texts of a --texts file in order: each object's text_key field of a .jsonl file (blank lines skipped),
+    or each line of any other file (a blank line is an empty text, so row i is still line i)."""
+    p = Path(path)
+    if not p.is_file():
+        what = "a folder" if p.is_dir() else "no such file"
+        raise EvalError(f"--texts={path}: {what}; pass one .txt file (one text per line) or .jsonl file")
+    texts, jsonl = [], p.suffix == ".jsonl"
+    with open(p, "rb") as f:  # bytes, decoded line by line, so a bad byte is reported with its line
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                raise EvalError(f"{path}:{n}: not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1}); "
+                                "save the file as UTF-8") from None
+            if not jsonl:
+                texts.append(line)
+                continue
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise EvalError(f"{path}:{n}: not valid JSON ({e.msg}); fix: one JSON object per line") from None
+            if not isinstance(obj, dict) or not isinstance(obj.get(text_key), str):
+                fields = ", ".join(obj) if isinstance(obj, dict) else type(obj).__name__
+                raise EvalError(f"{path}:{n}: no text field {text_key!r} (found: {fields}); "
+                                "fix that line or pass --text_key=FIELD")
+            texts.append(obj[text_key])
+    if not any(t.strip() for t in texts):
+        raise EvalError(f"--texts={path}: no text in it; pass a file with one text per line")
+    return texts
+
+
+def check_out_path(path, flag):
+    """Refuse an output path that cannot be written, before any work is done."""
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder):
+        what = "is a folder" if os.path.isdir(path) else f"has no folder {folder}"
+        raise EvalError(f"{flag}={path} {what}; pass a file path in an existing folder")
+
+
+def embed_file(args):
+    """--texts: one unit-norm embedding per text, as a float32 (N, C) .npy file in input order."""
+    t0 = time.time()
+    texts = read_texts(args.texts, args.text_key)
+    check_out_path(args.out_npy, "--out_npy")
+    pooler, saved = load_pooler(args.load_pooler) if args.load_pooler else (None, None)
+    model, info = load_model(args)
+    cfg = model.config
+    if saved and saved["n_embd"] != cfg.n_embd:
+        raise EvalError(f"{args.load_pooler} is a pooler of {saved['n_embd']} dims, but --ckpt={args.ckpt} has "
+                        f"n_embd={cfg.n_embd}; pass the checkpoint it was trained on, {saved['ckpt']}")
+    how = f"the {saved['kind']} pooler of {args.load_pooler} (trained on {saved['ckpt']})" if saved else "mean pooling"
+    print(f"{info['model_type']} {cfg.n_layer}x{cfg.n_embd}, {len(texts):,} texts, {how}, on {args.device}",
+          file=sys.stderr)
+    z = embed_texts(model, None if pooler is None else pooler.to(args.device), texts, desc="embedding").numpy()
+    tmp = f"{args.out_npy}.tmp"  # written whole, then renamed: a crash leaves no half-written matrix
+    with open(tmp, "wb") as f:
+        np.save(f, z)
+    os.replace(tmp, args.out_npy)
+    print(f"wrote {args.out_npy}: {z.shape[0]:,} x {z.shape[1]} float32 in {time.time() - t0:.1f}s", file=sys.stderr)
+
+# ----------------------------------------------------------------------------
 # Command line
 
 def main(argv=None):
@@ -230,11 +329,26 @@ def main(argv=None):
     ap.add_argument("--temperature", type=float, default=0.05)
     ap.add_argument("--unfreeze", action="store_true", help="also train a pooler with the backbone finetuned")
     ap.add_argument("--out", default="", help="write every score and timing to this .json file")
+    ap.add_argument("--save_pooler", default="", help="keep the frozen row's trained pooler in this file")
+    ap.add_argument("--texts", default="", help="embed this file's texts (.txt: one per line, or .jsonl) into --out_npy")
+    ap.add_argument("--text_key", default="text", help="the text field of a .jsonl --texts file")
+    ap.add_argument("--load_pooler", default="", help="with --texts: a --save_pooler file (default: mean pooling)")
+    ap.add_argument("--out_npy", default="", help="with --texts: the .npy file to write")
     args = ap.parse_args(argv)
-    if not (args.sts or args.beir or args.mteb):
-        ap.error("nothing to evaluate: pass --sts=..., --beir=... and/or --mteb=...")
-    if args.unfreeze and not args.pairs:
-        ap.error("--unfreeze trains on pairs: pass --pairs=...")
+    if args.texts:
+        if args.sts or args.beir or args.mteb or args.pairs or args.save_pooler:
+            fail("--texts only embeds: train and keep a pooler in a run of its own (--pairs, --save_pooler)", "embed.py")
+        if not args.out_npy:
+            fail("--texts needs --out_npy=PATH, the .npy file to write", "embed.py")
+    else:
+        if args.load_pooler or args.out_npy:
+            fail("--load_pooler and --out_npy go with --texts=FILE", "embed.py")
+        if not (args.sts or args.beir or args.mteb):
+            fail("nothing to evaluate: pass --sts=..., --beir=... and/or --mteb=... (or --texts=... to embed)", "embed.py")
+        if (args.unfreeze or args.save_pooler) and not args.pairs:
+            fail("--unfreeze and --save_pooler train on pairs: pass --pairs=...", "embed.py")
+        if args.save_pooler and args.ckpt == "random":
+            fail("--save_pooler keeps a pooler for the backbone in --ckpt; pass a checkpoint, not random", "embed.py")
     if args.temperature <= 0 or args.steps < 1:
         fail(f"--temperature must be > 0 (got {args.temperature}) and --steps at least 1 (got {args.steps})",
              "embed.py")
@@ -245,7 +359,10 @@ def main(argv=None):
     if args.mteb:
         check_writable(args.mteb_out, "--mteb_out")
     with user_errors("embed.py", EvalError):
-        run(args)
+        if args.texts:
+            embed_file(args)
+        else:
+            run(args)
 
 
 def run(args):
@@ -253,6 +370,8 @@ def run(args):
     # read every evaluation set first, so a malformed file fails before any training
     sts = {k: v for path in filter(None, args.sts.split(",")) for k, v in read_sts(path).items()}
     beir = {Path(path).name: read_beir(path) for path in filter(None, args.beir.split(","))}
+    if args.save_pooler:
+        check_out_path(args.save_pooler, "--save_pooler")
     if args.mteb:
         import mteb_eval  # mteb is optional: only --mteb needs it
         mteb_tasks = mteb_eval.get_tasks(args.mteb)
@@ -271,6 +390,9 @@ def run(args):
             pairs = pair_stream(args.pairs, args.seed, cfg.block_size)
             losses = train(model, pooler, pairs, args.steps, args.batch_size, args.lr, args.backbone_lr,
                            args.temperature, unfreeze=name == "unfrozen", log=name)
+            if name == "frozen" and args.save_pooler:  # the frozen pooler goes with --ckpt as it is on disk
+                save_pooler(args.save_pooler, pooler, args.pooler, cfg.n_embd, cfg.n_head, args.ckpt)
+                print(f"saved the {args.pooler} pooler to {args.save_pooler}", file=sys.stderr)
         t1 = time.time()
         scores = evaluate(model, pooler, sts, beir)
         if args.mteb:

@@ -17,7 +17,7 @@ from mteb.models.abs_encoder import AbsEncoder
 from mteb.models.model_meta import ModelMeta, ScoringFunction
 
 from data.tasks import EvalError, read_sts
-from embed import embed
+from features import embed_texts
 
 
 class Encoder(AbsEncoder):
@@ -31,9 +31,9 @@ class Encoder(AbsEncoder):
             max_tokens=model.config.block_size, similarity_fn_name=ScoringFunction.COSINE, framework=["PyTorch"]))
 
     def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
-        # all texts at once: embed() sorts them by length, which mteb's batches would not
+        # all texts at once: embed_texts() sorts them by length, which mteb's batches would not
         texts = [text for batch in inputs for text in batch["text"]]
-        return embed(self.model, self.pooler, texts).double().numpy()  # float64 cosines, as embed.eval_sts
+        return embed_texts(self.model, self.pooler, texts).double().numpy()  # float64 cosines, as embed.eval_sts
 
 
 class LocalSTS(AbsTaskSTS):

@@ -7,10 +7,12 @@ import pytest
 import torch
 
 import embed
+from checkpoint import save_checkpoint
 from conftest import assert_one_line_error
 from data.pairs import crop_pairs, pair_stream, text_pairs
 from data.tasks import read_beir, read_sts
-from data.tokenizer import decode, encode
+from data.tokenizer import EOT, decode, encode
+from features import embed_texts, features, tokenize
 from model import CrossBERT, ModelConfig
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
@@ -267,3 +269,85 @@ def test_command_line_errors_are_one_line(tmp_path, flag, needles):
     (tmp_path / "sts.tsv").write_text("1\ta\tb\n2\tc\td\n")
     args = ["--ckpt=random", *[f"--{k}={v}" for k, v in TINY.items()], f"--sts={tmp_path / 'sts.tsv'}", flag]
     assert_one_line_error(embed.main, args, "embed.py", *needles)
+
+
+# ----------------------------------------------------------------------------
+# Keeping a pooler (--save_pooler) and embedding a file of texts with it (--texts)
+
+LINES = ["A cat sits on the mat.", "", "Stocks fell sharply today, and the bank's shares fell most of all.",
+         "Rain.", "naïve café – ünïcode", "He ate rice with his friends at the old house by the river last night."]
+
+
+def saved_backbone(folder):
+    model = tiny_model()
+    path = folder / "ckpt.pt"
+    save_checkpoint(path, dict(model=model.state_dict(), model_type="crossbert", model_args=vars(model.config)))
+    return model, path
+
+
+def trained_pooler(kind):
+    """A pooler moved away from its mean-pooling init by a few steps of training on a tiny model."""
+    pooler = embed.POOLERS[kind](32, 2)
+    embed.train(tiny_model(), pooler, iter(random_pairs(24)), steps=3, batch_size=8, lr=1e-2, backbone_lr=0.0,
+                temperature=0.05, unfreeze=False)
+    return pooler
+
+
+def by_hand(model, pooler, text):
+    """One text alone through encode() and the pooler (or a plain mean), unit-norm: no batching, no sorting."""
+    with torch.no_grad():
+        h = model.encode(torch.tensor([encode(text)[:model.config.block_size] or [EOT]]))
+        z = h.mean(1) if pooler is None else pooler(h, torch.ones(h.shape[:2], dtype=torch.bool))
+    return torch.nn.functional.normalize(z[0], dim=-1)
+
+
+@pytest.mark.parametrize("kind", ["mean", "attn"])
+def test_saved_pooler_gives_the_same_vectors(kind, tmp_path):
+    model, pooler = tiny_model(), trained_pooler(kind)
+    embed.save_pooler(tmp_path / "pooler.pt", pooler, kind, 32, 2, "out/ckpt.pt")
+    loaded, saved = embed.load_pooler(tmp_path / "pooler.pt")
+    assert (saved["kind"], saved["n_embd"], saved["n_head"], saved["ckpt"]) == (kind, 32, 2, "out/ckpt.pt")
+    assert type(loaded) is type(pooler) and not (tmp_path / "pooler.pt.tmp").exists()
+    texts = LINES * 3
+    before, after = embed_texts(model, pooler, texts), embed_texts(model, loaded, texts)
+    assert (before - after).abs().max() <= 1e-6
+    assert (before - embed_texts(model, None, texts)).abs().max() > 1e-3  # trained: not plain mean pooling
+
+
+@pytest.mark.parametrize("kind", ["mean", "attn", None])
+def test_texts_command_writes_one_row_per_line_in_order(kind, tmp_path):
+    model, ckpt = saved_backbone(tmp_path)
+    pooler = trained_pooler(kind) if kind else None
+    args = [f"--ckpt={ckpt}", f"--texts={tmp_path / 'in.txt'}", f"--out_npy={tmp_path / 'out.npy'}"]
+    if kind:
+        embed.save_pooler(tmp_path / "pooler.pt", pooler, kind, 32, 2, ckpt)
+        args.append(f"--load_pooler={tmp_path / 'pooler.pt'}")
+    (tmp_path / "in.txt").write_text("\n".join(LINES) + "\n")  # a blank line is a text too: row i is line i
+    embed.main(args)
+    z = np.load(tmp_path / "out.npy")
+    assert z.dtype == np.float32 and z.shape == (len(LINES), 32)
+    for i, line in enumerate(LINES):  # each row is its own line's vector, computed alone
+        assert np.abs(z[i] - by_hand(model, pooler, line).numpy()).max() <= 1e-5, i
+    ids, _ = tokenize([(t,) for t in LINES], 32)
+    direct = features(model, ids, pool=pooler or embed.mean_pool)[2]
+    direct = torch.nn.functional.normalize(torch.from_numpy(direct), dim=-1)
+    assert np.abs(z - direct.numpy()).max() <= 1e-6  # mean pooling without a pooler: features.py's mean-pooled features
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": i, "body": t}) + "\n\n" for i, t in enumerate(LINES)))
+    embed.main([a.replace("in.txt", "in.jsonl") for a in args] + ["--text_key=body"])  # blank .jsonl lines are skipped
+    assert np.array_equal(np.load(tmp_path / "out.npy"), z)
+
+
+def test_a_trained_pooler_is_kept_and_used(tmp_path):
+    model, ckpt = saved_backbone(tmp_path)
+    (tmp_path / "sts.tsv").write_text("".join(f"{i % 5}\tsentence number {i}\tsentence {i * 7 % 11}\n" for i in range(20)))
+    (tmp_path / "pairs.tsv").write_text("".join(f"question {i}\tanswer {i}\n" for i in range(40)))
+    embed.main([f"--ckpt={ckpt}", f"--sts={tmp_path / 'sts.tsv'}", f"--pairs={tmp_path / 'pairs.tsv'}", "--steps=2",
+                "--batch_size=8", "--unfreeze", f"--save_pooler={tmp_path / 'pooler.pt'}"])
+    pooler, saved = embed.load_pooler(tmp_path / "pooler.pt")
+    assert (saved["kind"], saved["ckpt"]) == ("attn", str(ckpt))  # the frozen row's pooler, for --ckpt as it is
+    (tmp_path / "in.txt").write_text("\n".join(LINES))
+    embed.main([f"--ckpt={ckpt}", f"--load_pooler={tmp_path / 'pooler.pt'}", f"--texts={tmp_path / 'in.txt'}",
+                f"--out_npy={tmp_path / 'out.npy'}"])
+    z = np.load(tmp_path / "out.npy")
+    assert np.abs(z - embed_texts(model, pooler, LINES).numpy()).max() <= 1e-6
+    assert np.abs(z - embed_texts(model, None, LINES).numpy()).max() > 1e-3

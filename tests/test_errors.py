@@ -347,3 +347,52 @@ def test_non_finite_weights_are_caught_at_load(tmp_path):
     with pytest.raises(ValueError, match="non-finite weights \\(blocks.0.mlp.fc.weight\\)"):
         load_checkpoint(tmp_path / "ckpt.pt")
 
+
+
+# embed.py --texts: (files to write, arguments, a fragment of the expected message); {d} is the test's folder
+TEXTS_CASES = [
+    ({}, ["--texts={d}/no/such.txt"], "--texts={d}/no/such.txt: no such file"),
+    ({}, ["--texts={d}"], "--texts={d}: a folder"),
+    ({"in.txt": b"fine\ncaf\xe9 au lait\n"}, ["--texts={d}/in.txt"], "{d}/in.txt:2: not UTF-8 (byte 0xe9 at column 4)"),
+    ({"in.jsonl": b'{"text": "a"}\n{"body": "b"}\n'}, ["--texts={d}/in.jsonl"],
+     "in.jsonl:2: no text field 'text' (found: body)"),
+    ({"in.jsonl": b'{"text": "a"}\n'}, ["--texts={d}/in.jsonl", "--text_key=body"], "in.jsonl:1: no text field 'body'"),
+    ({"in.jsonl": b'{"text": "a"\n'}, ["--texts={d}/in.jsonl"], "in.jsonl:1: not valid JSON"),
+    ({"in.txt": b""}, ["--texts={d}/in.txt"], "--texts={d}/in.txt: no text in it"),
+    ({"in.txt": b"a\n"}, ["--texts={d}/in.txt", "--out_npy={d}/no/such/out.npy"], "has no folder {d}/no/such"),
+    ({"in.txt": b"a\n"}, ["--texts={d}/in.txt", "--load_pooler={d}/none.pt"], "--load_pooler={d}/none.pt: no such file"),
+    ({"in.txt": b"a\n", "p.pt": b"not a zip"}, ["--texts={d}/in.txt", "--load_pooler={d}/p.pt"],
+     "p.pt is truncated or not a saved pooler"),
+    ({"in.txt": b"a\n", "p.pt": "pooler64"}, ["--texts={d}/in.txt", "--load_pooler={d}/p.pt"],
+     "p.pt is a pooler of 64 dims, but --ckpt=random has n_embd=32; pass the checkpoint it was trained on, big/ckpt.pt"),
+]
+
+
+@pytest.mark.parametrize("files,args,message", TEXTS_CASES, ids=[" ".join(a) for _, a, _ in TEXTS_CASES])
+def test_embed_texts_bad_input_is_one_line(files, args, message, tmp_path):
+    import embed
+    from conftest import assert_one_line_error
+    for name, content in files.items():
+        if content == "pooler64":  # a real pooler file, for a wider backbone
+            embed.save_pooler(tmp_path / name, embed.AttentionPooler(64, 2), "attn", 64, 2, "big/ckpt.pt")
+        else:
+            (tmp_path / name).write_bytes(content)
+    before = set(tmp_path.iterdir())
+    args = [a.format(d=tmp_path) for a in args]
+    if not any(a.startswith("--out_npy") for a in args):
+        args.append(f"--out_npy={tmp_path / 'out.npy'}")
+    assert_one_line_error(embed.main, ["--ckpt=random", "--n_layer=1", "--n_head=2", "--n_embd=32", *args], "embed.py",
+                          message.format(d=tmp_path))
+    assert set(tmp_path.iterdir()) == before  # nothing written: no .npy, no temporary file
+
+
+def test_embed_save_pooler_is_checked_before_training(tmp_path):
+    import embed
+    from conftest import assert_one_line_error
+    (tmp_path / "sts.tsv").write_text("1\ta\tb\n2\tc\td\n")
+    (tmp_path / "pairs.tsv").write_text("a\tb\n")
+    before = set(tmp_path.iterdir())
+    args = ["--ckpt=no/such/ckpt.pt", f"--sts={tmp_path / 'sts.tsv'}", f"--pairs={tmp_path / 'pairs.tsv'}",
+            f"--save_pooler={tmp_path / 'no' / 'p.pt'}"]  # refused before the checkpoint is even read
+    assert_one_line_error(embed.main, args, "embed.py", f"--save_pooler={tmp_path / 'no' / 'p.pt'} has no folder")
+    assert set(tmp_path.iterdir()) == before

@@ -1,0 +1,79 @@
+"""The top-level modules (*.py at the root and data/*.py) import each other without a cycle.
+
+A cycle works until someone imports the modules in another order, or imports inside a function (a lazy import
+counts here too: it closes the circle as soon as it runs). The files are parsed, never imported.
+"""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def module_name(path, root):
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root):
+    """{module: set of the local modules it imports anywhere in its file}, for root/*.py and root/data/*.py."""
+    files = {module_name(p, root): p for p in [*root.glob("*.py"), *root.glob("data/*.py")]}
+    graph = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # from .x import y, inside a package
+                    anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    base = ".".join(filter(None, [*anchor, base]))
+                # `from data import tokenizer` imports the module data.tokenizer; `from model import MODELS` a name
+                found.update(f"{base}.{a.name}" if f"{base}.{a.name}" in files else base for a in node.names)
+        graph[name] = {m for m in found if m in files and m != name}
+    return graph
+
+
+def find_cycle(graph):
+    """One import cycle as [a, b, ..., a], or None: depth-first search, a back edge closes a cycle."""
+    state, stack = {}, []  # state: 1 = on the current path, 2 = done
+
+    def visit(node):
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_no_import_cycle():
+    graph = import_graph(ROOT)
+    assert {"embed", "mteb_eval", "features", "data.tasks"} <= graph.keys()  # it found the files
+    assert "mteb_eval" in graph["embed"]  # and embed.py's lazy import of it, inside run()
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_finder_sees_lazy_and_package_imports(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "__init__.py").write_text("")
+    (tmp_path / "a.py").write_text("import os\nfrom data import b\n")
+    (tmp_path / "data" / "b.py").write_text("from .c import f\n")
+    (tmp_path / "data" / "c.py").write_text("def f():\n    from a import g  # lazy, inside a function\n")
+    (tmp_path / "d.py").write_text("import a\n")
+    graph = import_graph(tmp_path)
+    assert graph == {"a": {"data.b"}, "data": set(), "data.b": {"data.c"}, "data.c": {"a"}, "d": {"a"}}
+    assert find_cycle(graph) == ["a", "data.b", "data.c", "a"]
+    (tmp_path / "data" / "c.py").write_text("def f():\n    import os\n")
+    assert find_cycle(import_graph(tmp_path)) is None
