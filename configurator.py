@@ -84,19 +84,19 @@ def user_errors_hook(script, *more):
     sys.excepthook = hook
 
 
-def check_writable(path, setting, folder=True):
+def check_writable(path, setting, folder=True, script=None):
     """Fail now, before any work, unless the run can write `path`: a folder it creates or fills (folder=True), or a
     file. The nearest part of the path that exists must be a folder the user may write in."""
     if os.path.isdir(path) != folder and os.path.exists(path):
         fail(f"{setting}={path} is {'a file' if folder else 'a folder'}, not {'a folder' if folder else 'a file'}; "
-             f"pick another {setting}")
+             f"pick another {setting}", script)
     parent = os.path.abspath(path if folder else os.path.dirname(os.path.abspath(path)))
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
-        fail(f"{setting}={path}: {parent} is a file, not a folder; pick another {setting}")
+        fail(f"{setting}={path}: {parent} is a file, not a folder; pick another {setting}", script)
     if not os.access(parent, os.W_OK):
-        fail(f"{setting}={path}: no permission to write in {parent}; pick another {setting}")
+        fail(f"{setting}={path}: no permission to write in {parent}; pick another {setting}", script)
 
 
 def run_config(path, arg):

@@ -101,6 +101,7 @@ def save_pooler(path, pooler, kind, n_embd, n_head, ckpt):
     """Write a trained pooler to path atomically (as checkpoints are): its weights, its kind and dims, and the
     backbone checkpoint it was trained on, which is the one it must be used with."""
     state = {k: v.detach().cpu() for k, v in pooler.state_dict().items()}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     save_checkpoint(path, dict(pooler=state, kind=kind, n_embd=n_embd, n_head=n_head, ckpt=str(ckpt)))
 
 
@@ -281,19 +282,10 @@ def read_texts(path, text_key):
     return texts
 
 
-def check_out_path(path, flag):
-    """Refuse an output path that cannot be written, before any work is done."""
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path) or not os.path.isdir(folder):
-        what = "is a folder" if os.path.isdir(path) else f"has no folder {folder}"
-        raise EvalError(f"{flag}={path} {what}; pass a file path in an existing folder")
-
-
 def embed_file(args):
     """--texts: one unit-norm embedding per text, as a float32 (N, C) .npy file in input order."""
     t0 = time.time()
     texts = read_texts(args.texts, args.text_key)
-    check_out_path(args.out_npy, "--out_npy")
     pooler, saved = load_pooler(args.load_pooler) if args.load_pooler else (None, None)
     model, info = load_model(args)
     cfg = model.config
@@ -305,6 +297,7 @@ def embed_file(args):
           file=sys.stderr)
     z = embed_texts(model, None if pooler is None else pooler.to(args.device), texts, desc="embedding").numpy()
     tmp = f"{args.out_npy}.tmp"  # written whole, then renamed: a crash leaves no half-written matrix
+    os.makedirs(os.path.dirname(os.path.abspath(tmp)), exist_ok=True)
     with open(tmp, "wb") as f:
         np.save(f, z)
     os.replace(tmp, args.out_npy)
@@ -354,10 +347,11 @@ def main(argv=None):
              "embed.py")
     if args.pairs and args.batch_size < 2:  # InfoNCE's negatives are the batch's other pairs
         fail(f"--batch_size={args.batch_size}: contrastive training needs at least 2 pairs a batch", "embed.py")
-    if args.out:
-        check_writable(args.out, "--out", folder=False)
+    for option in ("out", "out_npy", "save_pooler"):  # outputs are checked before any work
+        if getattr(args, option):
+            check_writable(getattr(args, option), f"--{option}", folder=False, script="embed.py")
     if args.mteb:
-        check_writable(args.mteb_out, "--mteb_out")
+        check_writable(args.mteb_out, "--mteb_out", script="embed.py")
     with user_errors("embed.py", EvalError):
         if args.texts:
             embed_file(args)
@@ -370,8 +364,6 @@ def run(args):
     # read every evaluation set first, so a malformed file fails before any training
     sts = {k: v for path in filter(None, args.sts.split(",")) for k, v in read_sts(path).items()}
     beir = {Path(path).name: read_beir(path) for path in filter(None, args.beir.split(","))}
-    if args.save_pooler:
-        check_out_path(args.save_pooler, "--save_pooler")
     if args.mteb:
         import mteb_eval  # mteb is optional: only --mteb needs it
         mteb_tasks = mteb_eval.get_tasks(args.mteb)

@@ -22,11 +22,13 @@ Axes besides the main BERT-vs-CrossBERT comparison (the paper's ablations), at o
   predictor CrossBERT's predictor depth, at the same FLOPs
 """
 import json
+import math
 import os
 import subprocess
 import sys
 import time
 
+import numpy as np
 import torch
 
 from configurator import check_writable, configure, fail, user_errors
@@ -55,6 +57,20 @@ PRESETS = {
         micro_batch=16,                        # rows per micro-step, at most (train.py's default)
         probe_max_train=2000, eval_interval=100, nproc=1,
     ),
+    "cpu-gutenberg": dict(  # the long CPU preset: one shape, doubling budgets, up to the crossing (see README)
+        dataset="gutenberg", block_size=128, vocab_size=8192, dtype="",
+        sizes=[(4, 256, 4)] * 5,
+        flops=[3.4e13, 6.8e13, 1.35e14, 2.7e14, 5.4e14],
+        tokens_per_param=20,
+        anchor=(2.7e14, 1e-3, 4096),           # the 4 x 256 recipe that beat its random twins once (README)
+        ablation_size=None,                    # no ablations: the budget axis is the point
+        flops_per_s=3.0e11,                    # achieved on 2 cores with native bf16, 4 x 256 (about 460 ms a step)
+        step_s=0.02,
+        overhead_s=240,
+        micro_batch=16,
+        probe_max_train=2000, eval_interval=200, nproc=1,
+        seeds=3,
+    ),
     "gpu": dict(
         dataset="dclm", block_size=512, vocab_size=0, dtype="",
         sizes=[(8, 512, 8), (12, 768, 12), (16, 1024, 16), (24, 1280, 20), (24, 1600, 25)],   # ~50M to ~800M
@@ -78,12 +94,16 @@ settings = dict(
     dry_run=False,
     axes="main,mask,cms,predictor",
     families=",".join(MODELS),                # the models of the main comparison: bert,crossbert,electra
-    tasks="SST-2,CoLA,MRPC,STS-B,RTE,WNLI",   # GLUE names (read from glue_dir) or task folders (train.tsv, dev.tsv)
+    seeds=0,                  # training seeds per main run (train.py's seed 1337, 1338, ...); 0 = the preset's
+    # the primary instrument: task folders (train.tsv, dev.tsv), or a folder of them; their average is linear_avg/knn_avg
+    tasks="../shared/devtasks",
+    glue_tasks="SST-2,CoLA,MRPC,STS-B,RTE,WNLI",  # the paper's table, as glue_linear_avg/glue_knn_avg; "" = skip
     glue_dir="../shared/glue",
     sts="../shared/glue/STS-B",               # zero-shot STS (embed.py); "" = skip
     nproc=0,                  # processes per run (torchrun); 0 = the preset's
     micro_batch=0,            # rows per micro-step per process, at most; 0 = the preset's (what fits its device)
-    random_seeds=3,           # random-init twins per main run: their spread says how much a difference means
+    random_seeds=3,           # random-init twins per family and shape (at least one per training seed): twin i holds
+                              # the initial weights of training seed i, so each run is compared with where it started
     compile=True,
     device="cuda" if torch.cuda.is_available() else "cpu",  # where checkpoints and their twins are probed
 )
@@ -123,19 +143,24 @@ def steps_for(s):
     return budget_steps(s["max_flops"], per_step) if s.get("max_flops") else s["max_iters"], per_step
 
 
-def plan(p, axes, families=tuple(MODELS)):
-    """[(name, axis, train.py settings)] for the preset."""
+def plan(p, axes, families=tuple(MODELS), seeds=1):
+    """[(name, axis, train.py settings)] for the preset; main runs once per training seed (name suffix -s1, -s2..).
+    A size that appears at several budgets gets the budget in its name."""
     runs = []
+    repeated = {size for size in p["sizes"] if p["sizes"].count(size) > 1}
     for i, (L, C, H) in enumerate(p["sizes"]):
         budget = p["flops"][i]
         if not budget:  # tokens per parameter, counted on BERT (the baseline every budget is quoted for)
             cfg = make_config(dict(model_type="bert", n_layer=L, n_embd=C, n_head=H, block_size=p["block_size"],
                                     vocab_size=p["vocab_size"]))
             budget = p["tokens_per_param"] * param_counts(cfg, "bert")[0] * training_flops(cfg, "bert") / cfg.block_size
+        tag = f"-{budget:.2g}".replace("e+", "e") if (L, C, H) in repeated else ""
         for model_type in families:
             # the ablations below vary BERT's and CrossBERT's masking: those two are their reference
             if "main" in axes or (i == p["ablation_size"] and model_type in ("bert", "crossbert")):
-                runs.append((f"{model_type}-{L}x{C}", "main", run_settings(p, L, C, H, model_type, budget)))
+                for k in range(seeds):
+                    runs.append((f"{model_type}-{L}x{C}{tag}" + (f"-s{k}" if k else ""), "main",
+                                 run_settings(p, L, C, H, model_type, budget, seed=1337 + k)))
         if i != p["ablation_size"]:
             continue
         size = f"{L}x{C}"
@@ -179,14 +204,28 @@ def read_log(run_dir):
         return [json.loads(line) for line in f]
 
 
-def evaluate(model, tasks, glue_dir, sts, max_train):
-    """Frozen-probe scores of a model: {"TASK/linear": %, ..., "linear_avg", "knn_avg", "sts_zero_shot"}."""
+def task_list(spec):
+    """Task names or folders from a comma-separated list, where a folder without train.tsv stands for its subfolders
+    (e.g. ../shared/devtasks)."""
+    out = []
+    for t in filter(None, spec.split(",")):
+        is_parent = os.path.isdir(t) and not os.path.exists(os.path.join(t, "train.tsv"))
+        out += sorted(os.path.join(t, d) for d in os.listdir(t) if os.path.isdir(os.path.join(t, d))) if is_parent else [t]
+    return out
+
+
+def evaluate(model, tasks, glue_tasks, glue_dir, sts, max_train):
+    """Frozen-probe scores of a model: {"TASK/linear": %, "TASK/knn": %, ...}, the averages over the primary tasks
+    (linear_avg, knn_avg) and over GLUE (glue_linear_avg, glue_knn_avg), and zero-shot STS (sts_zero_shot)."""
     from embed import zero_shot_sts
     from probe import probe_tasks
-    scores = probe_tasks(model, tasks, glue_dir or None, max_train)
-    for p in ("linear", "knn"):
-        vals = [v for k, v in scores.items() if k.endswith("/" + p)]
-        scores[f"{p}_avg"] = sum(vals) / len(vals)
+    scores = {}
+    for prefix, names in (("", tasks), ("glue_", glue_tasks)):
+        if names:
+            got = probe_tasks(model, names, glue_dir or None, max_train)
+            scores.update(got)
+            for p in ("linear", "knn"):
+                scores[f"{prefix}{p}_avg"] = float(np.mean([v for k, v in got.items() if k.endswith("/" + p)]))
     if sts:
         scores["sts_zero_shot"] = zero_shot_sts(model, sts)
     return scores
@@ -196,18 +235,97 @@ def evaluate(model, tasks, glue_dir, sts, max_train):
 # Report: the table and the plots
 
 
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}  # Student's t, two-sided 95%
+
+
+def interval(xs):
+    """(mean, sd, half-width of the 95% t-interval of the mean) of a list; sd and half-width are None for one value."""
+    m = float(np.mean(xs))
+    if len(xs) < 2:
+        return m, None, None
+    sd = float(np.std(xs, ddof=1))
+    return m, sd, T95.get(len(xs) - 1, 1.96) * sd / math.sqrt(len(xs))
+
+
+def fmt(xs, signed=False):
+    m, sd, hw = interval(xs)
+    f = "+.1f" if signed else ".1f"
+    if sd is None:
+        return f"{m:{f}} (1 seed)"
+    return f"{m:{f}} [{m - hw:{f}}, {m + hw:{f}}]" if signed else f"{m:{f}} ± {sd:.1f}"
+
+
+def verdict(diffs):
+    m, _, hw = interval(diffs)
+    if hw is None:
+        return "one seed: no interval"
+    return "above" if m - hw > 0 else "below" if m + hw < 0 else "not distinguishable"
+
+
+def summarize(results):
+    """The sweep's answer, as markdown: each main cell against its random twins, and the families against BERT at
+    equal FLOPs, on the primary average (linear_avg, knn_avg). Differences are paired by training seed: a run
+    against its own initial weights (the twin of the same seed), CrossBERT seed k against BERT seed k (the same
+    data order). Intervals are 95% Student-t intervals of the mean difference over seeds; mean ± sd elsewhere."""
+    def seed(r):
+        return r.get("seed", 0)
+    main = [r for r in results if r["axis"] == "main"]
+    shape = lambda r: r.get("shape") or f"{r['settings']['n_layer']}x{r['settings']['n_embd']}"
+    twins = {}  # (family, shape) -> {seed: scores}
+    for r in results:
+        if r["axis"] == "random":
+            twins.setdefault((r["model_type"], shape(r)), {})[seed(r)] = r["scores"]
+    cells = {}
+    for r in main:
+        cells.setdefault(r.get("cell", r["name"]), []).append(r)
+    lines = ["## Trained against random init", "",
+             "Primary average (linear / kNN probes), mean ± sd over training seeds; random init: the twins of that "
+             "family and shape (twin k = training seed k's initial weights); trained − init paired by seed, "
+             "[95% interval].", "",
+             "| cell | train FLOPs | seeds | val loss | unigram | linear | init linear | trained − init | kNN | "
+             "init kNN | trained − init | verdict (linear / kNN) |", "|" + "---|" * 12]
+    for name, rs in sorted(cells.items(), key=lambda kv: (kv[1][0]["model_type"], kv[1][0]["flops"])):
+        tw = twins.get((rs[0]["model_type"], shape(rs[0])), {})
+        row = [name, f"{np.mean([r['flops'] for r in rs]):.2e}", str(len(rs)), fmt([r["val_loss"] for r in rs]),
+               f"{rs[0]['unigram_loss']:.3f}"]
+        verdicts = []
+        for key in ("linear_avg", "knn_avg"):
+            paired = [r["scores"][key] - tw[seed(r)][key] for r in rs if seed(r) in tw]
+            row += [fmt([r["scores"][key] for r in rs]), fmt([t[key] for t in tw.values()]) if tw else "-",
+                    fmt(paired, signed=True) if paired else "-"]
+            verdicts.append(verdict(paired) if paired else "-")
+        lines.append("| " + " | ".join(row + [" / ".join(verdicts)]) + " |")
+    lines += ["", "## Families at equal FLOPs", "", "Each family minus BERT at the same budget and shape, paired by "
+              "training seed, [95% interval].", "",
+              "| budget | shape | comparison | seeds | linear | kNN | verdict (linear / kNN) |", "|" + "---|" * 7]
+    budgets = {}
+    for r in main:
+        budgets.setdefault((r["settings"]["max_flops"], shape(r)), {}).setdefault(r["model_type"], {})[seed(r)] = r
+    for (budget, shp), fams in sorted(budgets.items()):
+        for fam in (f for f in fams if f != "bert" and "bert" in fams):
+            common = sorted(set(fams[fam]) & set(fams["bert"]))
+            diffs = {key: [fams[fam][k]["scores"][key] - fams["bert"][k]["scores"][key] for k in common]
+                     for key in ("linear_avg", "knn_avg")}
+            lines.append(f"| {budget:.2e} | {shp} | {fam} − bert | {len(common)} | {fmt(diffs['linear_avg'], True)} | "
+                         f"{fmt(diffs['knn_avg'], True)} | {verdict(diffs['linear_avg'])} / {verdict(diffs['knn_avg'])} |")
+    return "\n".join(lines) + "\n"
+
+
 def table(results):
     tasks = sorted({k.rsplit("/", 1)[0] for r in results for k in r["scores"] if "/" in k})
+    glue = any("glue_linear_avg" in r["scores"] for r in results)
     head = ["run", "axis", "params (M)", "train FLOPs", "steps", "input tokens", "val loss", "unigram",
-            "linear avg", "kNN avg", "STS 0-shot"] + [f"{t} lin/kNN" for t in tasks]
+            "linear avg", "kNN avg"] + ["GLUE linear", "GLUE kNN"] * glue + ["STS 0-shot"] + [f"{t} lin/kNN" for t in tasks]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         sc = r["scores"]
         cells = [r["name"], r["axis"], f"{r['params'] / 1e6:.2f}", f"{r['flops']:.2e}" if r["flops"] else "0",
                  str(r["steps"]), f"{r['tokens']:,}", f"{r['val_loss']:.3f}" if r["val_loss"] else "-",
                  f"{r['unigram_loss']:.3f}" if r["unigram_loss"] else "-", f"{sc['linear_avg']:.1f}",
-                 f"{sc['knn_avg']:.1f}", f"{sc['sts_zero_shot']:.1f}" if "sts_zero_shot" in sc else "-"]
-        cells += [f"{sc[t + '/linear']:.1f} / {sc[t + '/knn']:.1f}" for t in tasks]
+                 f"{sc['knn_avg']:.1f}"]
+        cells += [f"{sc[k]:.1f}" if k in sc else "-" for k in ("glue_linear_avg", "glue_knn_avg")] * glue
+        cells += [f"{sc['sts_zero_shot']:.1f}" if "sts_zero_shot" in sc else "-"]
+        cells += [f"{sc[t + '/linear']:.1f} / {sc[t + '/knn']:.1f}" if t + "/linear" in sc else "-" for t in tasks]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -224,24 +342,27 @@ def plots(results, out_dir):
     main = [r for r in results if r["axis"] == "main"]
     written = []
 
+    shape = lambda r: r.get("shape") or f"{r['settings']['n_layer']}x{r['settings']['n_embd']}"
     fig, axs = plt.subplots(1, 3, figsize=(15, 4.2))
     for ax, key, title in zip(axs, ("linear_avg", "knn_avg", "sts_zero_shot"),
-                              ("linear probe, GLUE average", "kNN probe, GLUE average", "zero-shot STS (Spearman)")):
+                              ("linear probe, primary average", "kNN probe, primary average",
+                               "zero-shot STS (Spearman)")):
         for fam in colors:
-            rs = sorted((r for r in main if r["model_type"] == fam and key in r["scores"]), key=lambda r: r["flops"])
-            if not rs:
+            cells = {}  # budget -> this family's scores over training seeds, and its shape's random twins
+            for r in main:
+                if r["model_type"] == fam and key in r["scores"]:
+                    cells.setdefault(r["flops"] and r["settings"]["max_flops"], (shape(r), []))[1].append(r["scores"][key])
+            if not cells:
                 continue
-            ax.plot([r["flops"] for r in rs], [r["scores"][key] for r in rs], "o-", color=colors[fam], label=fam)
-            seeds = {}  # the random-init twins of each size: their mean, and their range as an error bar
-            for r in results:
-                if r["axis"] == "random" and r["model_type"] == fam and key in r["scores"]:
-                    seeds.setdefault(r["size_flops"], []).append(r["scores"][key])
-            xs = sorted(seeds)
-            mean = [sum(seeds[x]) / len(seeds[x]) for x in xs]
-            spread = [[m - min(seeds[x]) for m, x in zip(mean, xs)], [max(seeds[x]) - m for m, x in zip(mean, xs)]]
-            ax.errorbar(xs, mean, yerr=spread, fmt="x--", color=colors[fam], alpha=0.6, capsize=3,
-                        label=f"{fam} random init (mean, range)")
-        ax.set(xscale="log", xlabel="training FLOPs", title=title)
+            xs = sorted(cells)
+            ax.errorbar(xs, [np.mean(cells[x][1]) for x in xs], fmt="o-", color=colors[fam], capsize=3, label=fam,
+                        yerr=[np.std(cells[x][1], ddof=1) if len(cells[x][1]) > 1 else 0 for x in xs])
+            twins = [[t["scores"][key] for t in results if t["axis"] == "random" and t["model_type"] == fam
+                      and shape(t) == cells[x][0] and key in t["scores"]] for x in xs]
+            if all(twins):
+                ax.errorbar(xs, [np.mean(t) for t in twins], yerr=[np.std(t, ddof=1) if len(t) > 1 else 0 for t in twins],
+                            fmt="x--", color=colors[fam], alpha=0.6, capsize=3, label=f"{fam} random init")
+        ax.set(xscale="log", xlabel="training FLOPs", title=title + " (mean ± sd over seeds)")
         ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decades only: no overlapping labels
         if ax.has_data():  # a score no run has (zero-shot STS with --sts=) leaves its panel empty
             ax.legend(fontsize=8)
@@ -299,10 +420,11 @@ def main(argv):
     unknown = [a for a in s["axes"].split(",") if a not in ("main", "mask", "cms", "predictor")]
     if unknown:  # an axis spelled wrong would leave it out of the plan, silently
         fail(f"--axes: unknown {', '.join(unknown)}; expected a comma-separated subset of main,mask,cms,predictor")
-    for key in ("nproc", "micro_batch", "random_seeds"):
+    for key in ("nproc", "micro_batch", "random_seeds", "seeds"):
         if s[key] < 0:
             fail(f"--{key}={s[key]}: must be >= 0" + (" (0 = the preset's)" if key != "random_seeds" else ""))
-    runs = plan(p, s["axes"].split(","), families)
+    seeds = s["seeds"] or p.get("seeds", 1)
+    runs = plan(p, s["axes"].split(","), families, seeds)
     extra = {k: v for k, v in (("dtype", p["dtype"]), ("eval_interval", p["eval_interval"])) if v}
 
     print(f"preset {s['preset']}: {len(runs)} runs on {p['dataset']}, {p['nproc']} process(es) each, into {out_dir}/")
@@ -327,13 +449,20 @@ def main(argv):
              "or --glue_dir= (empty) to load GLUE from the hub, or --tasks= with your own task folders")
     if s["sts"] and not os.path.exists(s["sts"]):
         fail(f"--sts={s['sts']} does not exist; pass STS-B's folder, or --sts= (empty) to skip zero-shot STS")
-    tasks, sts = s["tasks"], s["sts"]
+    tasks, glue_tasks, sts = task_list(s["tasks"]), task_list(s["glue_tasks"]), s["sts"]
+    if not tasks:
+        fail("--tasks is empty: the sweep needs the tasks its primary average is taken over")
     check_writable(out_dir, "--out_dir")
-    try:  # the probes' tasks are read now, so a bad one stops the sweep before its first run, not after it
-        for task in tasks.split(","):
-            load_task(task, s["glue_dir"] or None, p["probe_max_train"])
-    except EvalError as e:
-        fail(f"--tasks: {e}")
+    data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", p["dataset"])
+    if p["dataset"] != "tinybooks" and not os.path.exists(os.path.join(data_dir, "val.bin")):
+        fail(f"data/{p['dataset']} is not prepared; prepare it first, e.g. python data/local/prepare.py "
+             f"--input=../shared/corpus/{p['dataset']} --out_dir=data/{p['dataset']} (or a data/<corpus>/prepare.py)")
+    for option, names in (("--tasks", tasks), ("--glue_tasks", glue_tasks)):
+        try:  # the probes' tasks are read now, so a bad one stops the sweep before its first run, not after it
+            for task in names:
+                load_task(task, s["glue_dir"] or None, p["probe_max_train"])
+        except EvalError as e:
+            fail(f"{option}: {e}")
 
     os.makedirs(out_dir, exist_ok=True)
     results_path = os.path.join(out_dir, "results.jsonl")
@@ -349,8 +478,10 @@ def main(argv):
         with open(results_path, "a") as f:
             f.write(json.dumps(r) + "\n")
 
+    score = lambda m: evaluate(m, tasks, glue_tasks, s["glue_dir"], sts, p["probe_max_train"])
     for name, axis, rs in runs:
         run_dir = os.path.join(out_dir, name)
+        seed, shape = rs.get("seed", 1337) - 1337, f"{rs['n_layer']}x{rs['n_embd']}"
         model = None  # this run's checkpoint, loaded once for its probes and its random twins
         if name not in done:
             t0 = time.time()
@@ -360,32 +491,33 @@ def main(argv):
             model, ckpt = load_checkpoint(os.path.join(run_dir, "ckpt.pt"), s["device"])
             log = read_log(run_dir)
             vals = [x for x in log if "val_loss" in x]
-            r = dict(name=name, axis=axis, model_type=rs["model_type"], settings=rs, params=model.num_params(),
+            r = dict(name=name, cell=name.removesuffix(f"-s{seed}") if seed else name, seed=seed, shape=shape,
+                     axis=axis, model_type=rs["model_type"], settings=rs, params=model.num_params(),
                      flops=ckpt["flops"], tokens=ckpt["tokens"], steps=ckpt["step"], val_loss=vals[-1]["val_loss"],
                      unigram_loss=next(x["unigram_loss"] for x in log if "unigram_loss" in x),
-                     scores=evaluate(model, tasks, s["glue_dir"], sts, p["probe_max_train"]),
-                     log=vals, train_s=round(t1 - t0, 1),
-                     probe_s=round(time.time() - t1, 1))
+                     scores=score(model), log=vals, train_s=round(t1 - t0, 1), probe_s=round(time.time() - t1, 1))
             record(r)
             print(f"sweep: {name}: val loss {r['val_loss']:.3f} (unigram {r['unigram_loss']:.3f}), "
                   f"linear {r['scores']['linear_avg']:.1f}, kNN {r['scores']['knn_avg']:.1f} "
                   f"[{r['train_s']:.0f} s training, {r['probe_s']:.0f} s probing]", flush=True)
-        for seed in range(s["random_seeds"] if axis == "main" else 0):
-            twin = f"random-{rs['model_type']}-{rs['n_layer']}x{rs['n_embd']}" + (f"-s{seed}" if seed else "")
+        # random twins of this family and shape: twin k holds training seed k's initial weights (the same seed and
+        # construction as train.py), so trained minus twin is what training did to that init; shared by every budget
+        for k in range(max(seeds, s["random_seeds"]) if axis == "main" else 0):
+            twin = f"random-{rs['model_type']}-{shape}" + (f"-s{k}" if k else "")
             if twin in done:
                 continue
             if model is None:
                 model, _ = load_checkpoint(os.path.join(run_dir, "ckpt.pt"), s["device"])
-            r = dict(name=twin, axis="random", model_type=rs["model_type"], settings=rs, params=model.num_params(),
-                     flops=0, size_flops=rs["max_flops"], tokens=0, steps=0, val_loss=None, unigram_loss=None,
-                     scores=evaluate(random_twin(model, seed), tasks, s["glue_dir"], sts, p["probe_max_train"]), log=[])
+            r = dict(name=twin, cell=f"random-{rs['model_type']}-{shape}", seed=k, shape=shape, axis="random",
+                     model_type=rs["model_type"], settings=rs, params=model.num_params(), flops=0, tokens=0, steps=0,
+                     val_loss=None, unigram_loss=None, scores=score(random_twin(model, 1337 + k)), log=[])
             record(r)
             print(f"sweep: {twin}: linear {r['scores']['linear_avg']:.1f}, kNN {r['scores']['knn_avg']:.1f}", flush=True)
 
     with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(table(results))
+        f.write(summarize(results) + "\n## Every run\n\n" + table(results))
     written = plots(results, out_dir)
-    print(table(results))
+    print(summarize(results))
     print(f"sweep: wrote {out_dir}/results.jsonl, results.md" + "".join(f", {w}" for w in written))
 
 

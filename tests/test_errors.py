@@ -129,7 +129,7 @@ def test_bad_setting_is_one_line(args, message, dataset, world, tmp_path, monkey
 BASE = {
     "probe.py": ["--ckpt=random", "--n_layer=1", "--n_embd=32", "--n_head=2", "--tasks={w}/task3"],
     "embed.py": ["--ckpt=random", "--n_layer=1", "--n_embd=32", "--n_head=2", "--sts={w}/sts.tsv"],
-    "sweep.py": ["--glue_dir=", "--sts=", "--tasks={w}/task3", "--out_dir={w}/sweep", "--axes=main", "--families=bert",
+    "sweep.py": ["--glue_dir=", "--glue_tasks=", "--sts=", "--tasks={w}/task3", "--out_dir={w}/sweep", "--axes=main", "--families=bert",
                  "--random_seeds=0", "--compile=False"],
     "bench.py": ["--n_layer=1", "--n_embd=32", "--n_head=2", "--block_size=32", "--compile=False", "--warmup=0",
                  "--steps=1", "--batch_size=2", "--dtype=float32", "--device=cpu"],
@@ -273,7 +273,7 @@ def test_resumed_log_has_no_duplicates_and_scratch_log_is_new(dataset, tmp_path)
     ("bench.py", ["--n_layr=2"], "unknown setting 'n_layr'"),
     ("flops.py", ["--n_embd=big"], "n_embd must be a int"),
     ("flops.py", ["--block_size=33"], "CrossBERT: CMS with mask_ratio=0.5 cuts each sequence into 2 views"),
-    ("sweep.py", ["--preset=tpu"], "--preset='tpu': expected one of cpu, gpu"),
+    ("sweep.py", ["--preset=tpu"], "--preset='tpu': expected one of cpu, cpu-gutenberg, gpu"),
 ])
 def test_other_scripts_end_bad_input_in_one_line(script, args, message, tmp_path):
     out = subprocess.run([sys.executable, script, *args, *([f"--out_dir={tmp_path / 'out'}"] if "prepare" in script
@@ -296,7 +296,7 @@ def test_ctrl_c_names_the_checkpoint(dataset, tmp_path):
     proc.send_signal(signal.SIGINT)
     err = proc.communicate(timeout=60)[1]
     assert proc.returncode != 0 and "Traceback" not in err
-    assert f"train.py: interrupted at step" in err and f"--init_from=resume --out_dir={tmp_path}" in err
+    assert "train.py: interrupted at step" in err and f"--init_from=resume --out_dir={tmp_path}" in err
     assert (tmp_path / "ckpt.pt").exists() and not (tmp_path / "ckpt.pt.tmp").exists()
 
 
@@ -337,7 +337,6 @@ def test_embed_refuses_meaningless_training(args, message, tmp_path, shared_dir)
 
 
 def test_non_finite_weights_are_caught_at_load(tmp_path):
-    import torch
     from checkpoint import load_checkpoint, save_checkpoint
     from model import CrossBERT, ModelConfig
     model = CrossBERT(ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64, mask_token_id=62))
@@ -359,7 +358,7 @@ TEXTS_CASES = [
     ({"in.jsonl": b'{"text": "a"}\n'}, ["--texts={d}/in.jsonl", "--text_key=body"], "in.jsonl:1: no text field 'body'"),
     ({"in.jsonl": b'{"text": "a"\n'}, ["--texts={d}/in.jsonl"], "in.jsonl:1: not valid JSON"),
     ({"in.txt": b""}, ["--texts={d}/in.txt"], "--texts={d}/in.txt: no text in it"),
-    ({"in.txt": b"a\n"}, ["--texts={d}/in.txt", "--out_npy={d}/no/such/out.npy"], "has no folder {d}/no/such"),
+    ({"in.txt": b"a\n"}, ["--texts={d}/in.txt", "--out_npy={d}/in.txt/out.npy"], "{d}/in.txt is a file, not a folder"),
     ({"in.txt": b"a\n"}, ["--texts={d}/in.txt", "--load_pooler={d}/none.pt"], "--load_pooler={d}/none.pt: no such file"),
     ({"in.txt": b"a\n", "p.pt": b"not a zip"}, ["--texts={d}/in.txt", "--load_pooler={d}/p.pt"],
      "p.pt is truncated or not a saved pooler"),
@@ -393,6 +392,6 @@ def test_embed_save_pooler_is_checked_before_training(tmp_path):
     (tmp_path / "pairs.tsv").write_text("a\tb\n")
     before = set(tmp_path.iterdir())
     args = ["--ckpt=no/such/ckpt.pt", f"--sts={tmp_path / 'sts.tsv'}", f"--pairs={tmp_path / 'pairs.tsv'}",
-            f"--save_pooler={tmp_path / 'no' / 'p.pt'}"]  # refused before the checkpoint is even read
-    assert_one_line_error(embed.main, args, "embed.py", f"--save_pooler={tmp_path / 'no' / 'p.pt'} has no folder")
+            f"--save_pooler={tmp_path / 'pairs.tsv' / 'p.pt'}"]  # refused before the checkpoint is even read
+    assert_one_line_error(embed.main, args, "embed.py", f"{tmp_path / 'pairs.tsv'} is a file, not a folder")
     assert set(tmp_path.iterdir()) == before

@@ -87,26 +87,30 @@ def test_sweep_runs_probes_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setitem(sweep.PRESETS, "tiny", tiny)
     monkeypatch.chdir(ROOT)
     out = tmp_path / "sw"
-    argv = ["--preset=tiny", f"--out_dir={out}", "--axes=main", f"--tasks={task}", "--glue_dir=", "--sts=",
-            "--compile=False", "--random_seeds=2", "--device=cpu"]
+    argv = ["--preset=tiny", f"--out_dir={out}", "--axes=main", f"--tasks={task}", "--glue_dir=", "--glue_tasks=", "--sts=",
+            "--compile=False", "--random_seeds=2", "--device=cpu", "--seeds=2", "--families=bert,crossbert"]
     devices, load = [], sweep.load_checkpoint
     monkeypatch.setattr(sweep, "load_checkpoint", lambda path, device: devices.append(device) or load(path, device))
     sweep.main(argv)
-    assert devices == ["cpu"] * 3  # each checkpoint once, on the device the probes run on
+    assert devices == ["cpu"] * 4  # each checkpoint once, on the device the probes run on
     results = [json.loads(x) for x in open(out / "results.jsonl")]
     names = [r["name"] for r in results]
-    assert names == ["bert-1x32", "random-bert-1x32", "random-bert-1x32-s1", "crossbert-1x32", "random-crossbert-1x32",
-                     "random-crossbert-1x32-s1", "electra-1x32", "random-electra-1x32", "random-electra-1x32-s1"]
+    # two training seeds per cell; the twins of a family and shape come with its first run, twin k for seed k
+    assert names == ["bert-1x32", "random-bert-1x32", "random-bert-1x32-s1", "bert-1x32-s1", "crossbert-1x32",
+                     "random-crossbert-1x32", "random-crossbert-1x32-s1", "crossbert-1x32-s1"]
+    assert [r["seed"] for r in results] == [0, 0, 1, 1, 0, 0, 1, 1] and results[3]["cell"] == "bert-1x32"
+    assert results[3]["settings"]["seed"] == 1338 and results[0]["steps"] == results[3]["steps"]
     model = load(out / "bert-1x32" / "ckpt.pt")[0]
     a, b = sweep.random_twin(model, 0), sweep.random_twin(model, 1)  # same shape and vocabulary map, new weights
     assert torch.equal(a.vocab_map, model.vocab_map) and not torch.equal(a.wte.weight, b.wte.weight)
     assert not torch.equal(a.wte.weight, model.wte.weight)
-    bert, cross = results[0], results[3]
-    electra = results[6]
-    for r in (bert, cross, electra):
+    bert, cross = results[0], results[4]
+    for r in (bert, cross):
         assert r["flops"] <= 2e9 and abs(r["flops"] - bert["flops"]) / 2e9 < 0.25
     assert bert["steps"] > 0 and bert["unigram_loss"] > 0 and 0 <= bert["scores"]["linear_avg"] <= 100
-    assert (out / "results.md").read_text().count("\n") == 2 + len(results)
+    md = (out / "results.md").read_text()
+    assert "| bert-1x32 |" in md.split("## Every run")[0] and "| crossbert − bert | 2 |" in md
+    assert md.split("## Every run")[1].strip().count("\n") == 1 + len(results)
     try:
         import matplotlib  # noqa: F401  (optional: the plots need it)
         assert (out / "probe_vs_flops.png").stat().st_size > 10_000 and (out / "val_loss_vs_flops.png").exists()
@@ -118,3 +122,28 @@ def test_sweep_runs_probes_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "train", no_training)
     sweep.main(argv)  # everything is in results.jsonl: nothing trains, nothing is added
     assert [json.loads(x)["name"] for x in open(out / "results.jsonl")] == names
+
+
+def test_summary_aggregates_seeds_and_pairs_them():
+    # a synthetic results file: 3 seeds of BERT and CrossBERT at one budget, and 3 random twins per family
+    def run(fam, seed, lin, knn, axis="main"):
+        trained = axis == "main"
+        return dict(name=f"{'' if trained else 'random-'}{fam}-4x256" + (f"-s{seed}" if seed else ""), axis=axis,
+                    cell=f"{'' if trained else 'random-'}{fam}-4x256", seed=seed, shape="4x256", model_type=fam,
+                    settings=dict(max_flops=1e14, n_layer=4, n_embd=256), flops=1e14 if trained else 0,
+                    val_loss=5.0 + seed if trained else None, unigram_loss=6.2 if trained else None,
+                    scores=dict(linear_avg=lin, knn_avg=knn))
+    results = [run("bert", k, 60 + 2 * k, 50, "main") for k in range(3)]
+    results += [run("bert", k, 58 + k, 51 + k, "random") for k in range(3)]
+    results += [run("crossbert", k, 61 + 2 * k, 50 - k, "main") for k in range(3)]
+    results += [run("crossbert", k, 60, 50, "random") for k in range(3)]
+    md = sweep.summarize(results)
+    bert = next(line for line in md.splitlines() if line.startswith("| bert-4x256 |"))
+    # trained 60, 62, 64 (mean 62, sd 2); twins 58, 59, 60 (59 ± 1); paired differences 2, 3, 4: mean 3, sd 1,
+    # 95% half-width 4.303 / sqrt(3) = 2.48
+    assert "| 3 | 6.0 ± 1.0 | 6.200 | 62.0 ± 2.0 | 59.0 ± 1.0 | +3.0 [+0.5, +5.5] |" in bert
+    # kNN: trained 50, 50, 50 against 51, 52, 53: differences -1, -2, -3, whose interval holds 0
+    assert "| -2.0 [-4.5, +0.5] |" in bert and bert.endswith("| above / not distinguishable |")
+    # CrossBERT minus BERT, seed by seed: linear 1, 1, 1 (an interval of zero width); kNN 0, -1, -2
+    cross = next(line for line in md.splitlines() if "crossbert − bert" in line)
+    assert "| 3 | +1.0 [+1.0, +1.0] | -1.0 [-3.5, +1.5] | above / not distinguishable |" in cross

@@ -325,3 +325,40 @@ def test_base_configs_share_one_file():
         assert cfg["n_embd"] == 768 and cfg["total_batch_size"] == 512 * 512 and cfg["vocab_size"] == 0
     differ = {k for k in keys if len({str(cfg[k]) for cfg in runs.values()}) > 1}
     assert differ == {"model_type", "out_dir", "gen_width"}  # ELECTRA also sets its generator's width
+
+
+def test_same_seed_same_losses_bit_for_bit(tmp_path, dataset):
+    # two threads and torch.compile: the setting under which the embedding gradient's atomic adds varied run to run
+    args = ["--max_iters=4", "--eval_interval=4", "--total_batch_size=256", "--compile=True", "--dtype=float32",
+            "--learning_rate=3e-3", "--min_lr=3e-3"]
+    for run in ("a", "b"):
+        cmd = [sys.executable, "train.py", *TINY, f"--dataset={dataset}", f"--out_dir={tmp_path / run}", *args]
+        out = subprocess.run(cmd, cwd=ROOT, env={**ENV, "OMP_NUM_THREADS": "2"}, capture_output=True, text=True,
+                             timeout=600)
+        assert out.returncode == 0, out.stderr
+    a = torch.load(tmp_path / "a" / "ckpt.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "b" / "ckpt.pt", weights_only=True)["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)  # every weight, after 4 steps
+    assert losses(tmp_path / "a") == losses(tmp_path / "b")
+
+
+def test_a_seed_changes_the_data_and_the_init_and_nothing_else(tmp_path, dataset):
+    from features import random_twin
+    # a learning rate of 1e-12 leaves the weights where they started: the initial weights of each seed
+    args = ["--max_iters=2", "--eval_interval=2", "--total_batch_size=64", "--learning_rate=1e-12", "--min_lr=1e-12",
+            "--dtype=float32"]
+    for seed in (1337, 1338):
+        train(tmp_path / str(seed), dataset, *args, f"--seed={seed}")
+    a, ca = load_checkpoint(tmp_path / "1337" / "ckpt.pt")
+    b, cb = load_checkpoint(tmp_path / "1338" / "ckpt.pt")
+    # sweep.py's random twin k is training seed k's init: trained minus twin is what training did to that init
+    for model, seed in ((a, 1337), (b, 1338)):
+        twin = random_twin(model, seed).state_dict()
+        assert all(torch.allclose(twin[k], v, atol=1e-9) for k, v in model.state_dict().items())
+    assert not torch.equal(a.wte.weight, b.wte.weight)
+    assert {k for k in ca["config"] if ca["config"][k] != cb["config"][k]} == {"seed", "out_dir"}
+    la, lb = records(tmp_path / "1337"), records(tmp_path / "1338")
+    assert [r["loss"] for r in la if "loss" in r] != [r["loss"] for r in lb if "loss" in r]  # other training data
+    # validation batches are the same for every seed: an (all but) untrained model scores them alike
+    va, vb = ([r["val_loss"] for r in x if "val_loss" in r] for x in (la, lb))
+    assert va[0] == pytest.approx(vb[0], abs=0.05)
