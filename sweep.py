@@ -155,10 +155,11 @@ def plan(p, axes, families=tuple(MODELS), seeds=1):
                                     vocab_size=p["vocab_size"]))
             budget = p["tokens_per_param"] * param_counts(cfg, "bert")[0] * training_flops(cfg, "bert") / cfg.block_size
         tag = f"-{budget:.2g}".replace("e+", "e") if (L, C, H) in repeated else ""
-        for model_type in families:
-            # the ablations below vary BERT's and CrossBERT's masking: those two are their reference
-            if "main" in axes or (i == p["ablation_size"] and model_type in ("bert", "crossbert")):
-                for k in range(seeds):
+        # seed by seed, every family at each seed: a sweep stopped part way has families to compare, paired by seed
+        for k in range(seeds):
+            for model_type in families:
+                # the ablations below vary BERT's and CrossBERT's masking: those two are their reference
+                if "main" in axes or (i == p["ablation_size"] and model_type in ("bert", "crossbert")):
                     runs.append((f"{model_type}-{L}x{C}{tag}" + (f"-s{k}" if k else ""), "main",
                                  run_settings(p, L, C, H, model_type, budget, seed=1337 + k)))
         if i != p["ablation_size"]:

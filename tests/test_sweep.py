@@ -95,16 +95,17 @@ def test_sweep_runs_probes_and_resumes(tmp_path, monkeypatch):
     assert devices == ["cpu"] * 4  # each checkpoint once, on the device the probes run on
     results = [json.loads(x) for x in open(out / "results.jsonl")]
     names = [r["name"] for r in results]
-    # two training seeds per cell; the twins of a family and shape come with its first run, twin k for seed k
-    assert names == ["bert-1x32", "random-bert-1x32", "random-bert-1x32-s1", "bert-1x32-s1", "crossbert-1x32",
-                     "random-crossbert-1x32", "random-crossbert-1x32-s1", "crossbert-1x32-s1"]
-    assert [r["seed"] for r in results] == [0, 0, 1, 1, 0, 0, 1, 1] and results[3]["cell"] == "bert-1x32"
-    assert results[3]["settings"]["seed"] == 1338 and results[0]["steps"] == results[3]["steps"]
+    # two training seeds per cell, seed by seed (every family at seed 0 first); the twins of a family and shape come
+    # with its first run, twin k for seed k
+    assert names == ["bert-1x32", "random-bert-1x32", "random-bert-1x32-s1", "crossbert-1x32", "random-crossbert-1x32",
+                     "random-crossbert-1x32-s1", "bert-1x32-s1", "crossbert-1x32-s1"]
+    assert [r["seed"] for r in results] == [0, 0, 1, 0, 0, 1, 1, 1] and results[6]["cell"] == "bert-1x32"
+    assert results[6]["settings"]["seed"] == 1338 and results[0]["steps"] == results[6]["steps"]
     model = load(out / "bert-1x32" / "ckpt.pt")[0]
     a, b = sweep.random_twin(model, 0), sweep.random_twin(model, 1)  # same shape and vocabulary map, new weights
     assert torch.equal(a.vocab_map, model.vocab_map) and not torch.equal(a.wte.weight, b.wte.weight)
     assert not torch.equal(a.wte.weight, model.wte.weight)
-    bert, cross = results[0], results[4]
+    bert, cross = results[0], results[3]
     for r in (bert, cross):
         assert r["flops"] <= 2e9 and abs(r["flops"] - bert["flops"]) / 2e9 < 0.25
     assert bert["steps"] > 0 and bert["unigram_loss"] > 0 and 0 <= bert["scores"]["linear_avg"] <= 100
