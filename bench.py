@@ -4,12 +4,15 @@ with the same encoder, on synthetic tokens, and compares them with the analytic 
 
     python bench.py                                   # mid-size: 8 layers x 512, 256 tokens, compiled
     python bench.py --batch_size=64 --n_layer=12 --n_head=12 --n_embd=768 --block_size=512 --flash_check   # a GPU
+    python bench.py --profile                         # + where each model's step spends its time, top ops first
 
 Two throughputs, named for what they count: input tokens/s (rows x block_size, unique data) and
 view positions/s (rows x views x block_size, what complementary masking multiplies; the paper's
 tokens/s). bf16 autocast where the device computes it natively, as train.py. --flash_check (CUDA)
 runs one training step and one encode() of each model with only the FlashAttention kernel allowed,
-which raises if flash cannot serve them. The last line printed is one JSON object, for scripts.
+which raises if flash cannot serve them. --profile runs the timed steps once more under torch.profiler and prints
+the ops that take the most time themselves (compiled code shows its fused kernels by name). The last line printed
+is one JSON object, for scripts.
 """
 import json
 import sys
@@ -19,7 +22,7 @@ from contextlib import nullcontext
 import torch
 
 from configurator import configure, fail, user_errors
-from flops import fastest_dtype, flops_per_position, peak_flops, training_flops
+from flops import checked_peak, fastest_dtype, flops_per_position, peak_flops, peak_from_table, training_flops
 from masking import view_shape
 from model import MODELS, make_config
 
@@ -32,6 +35,7 @@ settings = dict(
     dtype=fastest_dtype("cuda" if torch.cuda.is_available() else "cpu"),
     compile=True,
     flash_check=False,      # CUDA: fail unless FlashAttention serves training and encode()
+    profile=False,          # print the top ops by self time of each model's step
     seed=0,
 )
 
@@ -69,6 +73,8 @@ def bench(model_type, s, device, autocast):
         loss = step()
     loss.item()
     dt = (time.perf_counter() - t0) / s["steps"]
+    if s["profile"]:  # after the clock stopped: the profiler's own overhead stays out of the numbers
+        print(f"{model_type}: {profile(step, s['steps'], device)}")
     V, _, _ = view_shape(T, cfg.mask_ratio, cfg.cms)
     out = dict(config=cfg, input_tokens_per_s=B * T / dt, view_positions_per_s=B * V * T / dt,
                flops_per_s=training_flops(cfg, model_type, B) / dt, warmup_s=t0 - t_start,
@@ -80,6 +86,24 @@ def bench(model_type, s, device, autocast):
         except RuntimeError as e:  # SDPA's "No available kernel", with its reasons
             out["flash"] = " ".join(str(e).split())
     return out
+
+
+def profile(step, steps, device, rows=12):
+    """The top ops of `steps` calls of step() by self time: a table, its last column the share of the total."""
+    from torch.profiler import ProfilerActivity
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(steps):
+            loss = step()
+        loss.item()
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)
+    total = sum(getattr(e, key) for e in events)
+    lines = [f"{'op':60s} {'calls':>6s} {'ms/step':>8s} {'share':>6s}"]
+    for e in events[:rows]:
+        t = getattr(e, key)
+        lines.append(f"{e.key[:60]:60s} {e.count // steps:6d} {t / steps / 1e3:8.2f} {100 * t / total:5.1f}%")
+    return "top ops by self time\n" + "\n".join(lines)
 
 
 def flash_check(model, idx, autocast):
@@ -106,12 +130,15 @@ def main():
             fail(str(e))
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[s["dtype"]]
     autocast = nullcontext() if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
+    if s["profile"] and s["compile"] and device.type == "cpu":
+        torch._inductor.config.cpp.enable_kernel_profile = True  # name each fused C++ kernel in the profile
     peak = peak_flops(device, dtype)
-    print(f"device {device}, {s['dtype']}, compile={s['compile']}, peak {peak / 1e12:.2f} TFLOP/s"
-          f"{' (measured with a matmul)' if device.type == 'cpu' else ''}")
+    print(f"device {device}, {s['dtype']}, compile={s['compile']}, peak {peak / 1e12:.2f} TFLOP/s "
+          f"({'its datasheet' if peak_from_table(device, dtype) else 'the best of 10 matmuls'})")
     out, flops_per_pos = {}, {}
     for model_type in MODELS:
         r = bench(model_type, s, device, autocast)
+        peak = checked_peak(peak, r["flops_per_s"], lambda: peak_flops(device, dtype))  # MFU stays <= 100%
         cfg = r["config"]
         flops_per_pos[model_type] = flops_per_position(cfg, model_type)
         out.update({f"{model_type}_input_tokens_per_s": round(r["input_tokens_per_s"], 1),

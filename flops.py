@@ -107,26 +107,39 @@ def fastest_dtype(device_type):
     return "bfloat16" if cpu_has_bf16() else "float32"
 
 
-def peak_flops(device, dtype):
-    """Peak FLOP/s of the device: from PEAK_FLOPS for known GPUs, else measured with a large matmul."""
+def peak_from_table(device, dtype):
+    """A known GPU's datasheet bf16 peak (PEAK_FLOPS), else None."""
     if device.type == "cuda" and dtype == torch.bfloat16:
         name = torch.cuda.get_device_name(device)
-        for key, value in PEAK_FLOPS.items():
-            if key in name:
-                return value
+        return next((value for key, value in PEAK_FLOPS.items() if key in name), None)
+    return None
+
+
+def peak_flops(device, dtype, trials=10):
+    """Peak FLOP/s of the device: from PEAK_FLOPS for known GPUs, else measured with a large matmul, the best of
+    `trials` (a trial slowed by other work on the machine only ever lowers its own time's rank)."""
+    if peak_from_table(device, dtype):
+        return peak_from_table(device, dtype)
     # a CPU without native bf16 emulates it about 250x slower than fp32: a smaller matmul measures it in seconds
     n = 512 if device.type == "cpu" and dtype == torch.bfloat16 and not cpu_has_bf16() else 2048
     gen = torch.Generator(device).manual_seed(0)  # leaves the global RNG alone, so resumed runs stay exact
     a, b = (torch.randn(n, n, generator=gen, device=device).to(dtype) for _ in range(2))
     a @ b  # warm up
     best = float("inf")
-    for _ in range(3):
+    for _ in range(trials):
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         (a @ b).sum().item()
         best = min(best, time.perf_counter() - t0)
     return 2 * n ** 3 / best
+
+
+def checked_peak(peak, achieved, measure):
+    """The peak to divide achieved FLOP/s by, so that MFU cannot pass 100%. A training step cannot outrun a plain
+    matmul on the same device, so a measured peak below what a run achieves was measured while other work held the
+    machine: measure again (measure()), and never divide by less than what was achieved."""
+    return peak if achieved <= peak else max(measure(), achieved)
 
 
 def main(argv):

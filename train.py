@@ -35,7 +35,7 @@ from configurator import check_writable, configure, fail, user_errors_hook
 from data.loader import TokenWindows, unigram_loss
 from data.tasks import GLUE, EvalError, load_task
 from data.tokenizer import compact_vocab
-from flops import budget_steps, fastest_dtype, peak_flops, training_flops
+from flops import budget_steps, checked_peak, fastest_dtype, peak_flops, peak_from_table, training_flops
 from masking import Views, view_shape
 from model import MODELS, make_config
 
@@ -303,6 +303,8 @@ log(f"{model_type}: {raw_model.num_params() / 1e6:.2f}M parameters ({raw_model.n
 log(f"{world_size} process(es) x {grad_accum} micro-step(s) x {micro_batch} rows x {block_size} tokens "
     f"= {total_batch_size} tokens per step; {flops_per_step / 1e9:.2f} GFLOPs per step; {max_iters} steps = "
     f"{max_iters * flops_per_step:.2e} FLOPs; device {device}, {dtype}")
+log(f"MFU is against a peak of {peak / world_size:.3g} FLOP/s per device ("
+    f"{'its datasheet' if peak_from_table(torch.device(device), getattr(torch, dtype)) else 'the best of 10 matmuls'})")
 log(f"unigram baseline: a model that ignores context scores {unigram:.4f} nats on val")
 
 
@@ -486,6 +488,11 @@ while True:
             stop_non_finite("the training loss", train_loss)
         dt = (time.perf_counter() - t_log) / steps_since_log
         parts = dict(zip(stats, parts))  # the names of the model's stats, in the order metrics() stacked them
+        if flops_per_step / dt > peak:  # the peak was measured on a busy machine (flops.checked_peak)
+            peak = checked_peak(peak, flops_per_step / dt, lambda: world_size * peak_flops(torch.device(device), getattr(torch, dtype)))
+            log(f"note: this run beat the matmul peak measured at its start; peak now {peak / world_size:.3g} FLOP/s "
+                f"per device (measured again, and at least what the run achieved)")
+            write_log({"step": step, "peak_flops_per_device": peak / world_size})
         record = {"step": step, "loss": round(train_loss, 4), "lr": lr, **{k: round(v, 4) for k, v in parts.items()},
                   "input_tokens_per_s": round(tokens_per_step / dt), "view_positions_per_s": round(positions_per_step / dt),
                   "mfu": round(flops_per_step / dt / peak, 4), "tokens": tokens_seen, "flops": flops_seen,
