@@ -113,7 +113,7 @@ class Report:
 def part_bench(s, device, dtype, autocast, peak):
     b = dict(n_layer=s["n_layer"], n_head=s["n_head"], n_embd=s["n_embd"], block_size=s["block_size"],
              gen_width=0.25, batch_size=s["batch_size"], steps=s["bench_steps"], warmup=3, compile=s["compile"],
-             flash_check=device.type == "cuda", seed=0)
+             flash_check=device.type == "cuda", profile=False, seed=0)
     rows, data = [], {}
     for m in MODELS:
         try:
