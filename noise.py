@@ -14,6 +14,7 @@ would call real: t(2n - 2) x sd x sqrt(2 / n), with sd the largest of the source
 import argparse
 import json
 import math
+import os
 import sys
 
 import numpy as np
@@ -86,9 +87,11 @@ def main(argv=None):
         t = T95.get(2 * n - 2, 1.96) if n > 1 else None
         cells = [f"{t * s * math.sqrt(2 / n):.2f}" if t else "no test with one seed" for s in worst]
         print(f"| {n} | {cells[0]} | {cells[1]} |")
-    if args.out:
-        with open(args.out, "w") as f:
+    if args.out:  # written whole, then renamed, into a folder made if needed
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out + ".tmp", "w") as f:
             json.dump(dict(vars(args), runs=runs, sd={k: v.tolist() for k, v in sd.items()}), f, indent=1)
+        os.replace(args.out + ".tmp", args.out)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,38 @@
+"""noise.py: the spread of the probe averages over seeds, and the smallest difference it lets a test detect."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+import noise
+from checkpoint import save_checkpoint
+from model import CrossBERT, ModelConfig
+from sweep import T95
+
+
+def test_noise_measures_each_source_and_writes_every_score(tmp_path, capsys):
+    task = tmp_path / "task"
+    task.mkdir()
+    for split, n in [("train", 40), ("dev", 20)]:
+        rows = ["sentence\tlabel"] + [f"{'good fine' if i % 2 else 'bad awful'} words {i}\t{i % 2}" for i in range(n)]
+        (task / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+    model = CrossBERT(ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=32))
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(path, dict(model=model.state_dict(), model_type="crossbert", model_args=vars(model.config)))
+    out = tmp_path / "not" / "yet" / "noise.json"  # its folder is made
+    noise.main([f"--like={path}", f"--trained={path},{path}", f"--tasks={task}", "--init_seeds=3",
+                "--probe_seeds=2", f"--out={out}"])
+    data = json.loads(out.read_text())
+    runs = {k: np.array(v) for k, v in data["runs"].items()}
+    assert {k: len(v) for k, v in runs.items()} == {"init": 3, "probe": 2, "training": 2}
+    assert np.all((0 <= runs["init"]) & (runs["init"] <= 100))
+    # the same checkpoint twice: nothing but a seed varies, and here none does
+    assert np.array_equal(runs["training"][0], runs["training"][1]) and data["sd"]["training"] == [0.0, 0.0]
+    for k in ("init", "probe"):
+        assert data["sd"][k] == pytest.approx(runs[k].std(axis=0, ddof=1).tolist())
+    # three seeds a side: t(4) x the largest sd x sqrt(2/3)
+    worst = np.max([data["sd"][k] for k in data["sd"]], axis=0)
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| 3 |"))
+    assert [float(x) for x in row.strip("|").split("|")[1:]] == pytest.approx(
+        [T95[4] * s * math.sqrt(2 / 3) for s in worst], abs=0.006)
