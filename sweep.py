@@ -473,11 +473,18 @@ def main(argv):
             results = [json.loads(line) for line in f]
     done = {r["name"] for r in results}
 
-    def record(r):
+    def write_table():
+        tmp = os.path.join(out_dir, "results.md.tmp")
+        with open(tmp, "w") as f:
+            f.write(summarize(results) + "\n## Every run\n\n" + table(results))
+        os.replace(tmp, os.path.join(out_dir, "results.md"))
+
+    def record(r):  # every run is kept as it finishes, and the table follows, so a sweep stopped part way has both
         results.append(r)
         done.add(r["name"])
         with open(results_path, "a") as f:
             f.write(json.dumps(r) + "\n")
+        write_table()
 
     score = lambda m: evaluate(m, tasks, glue_tasks, s["glue_dir"], sts, p["probe_max_train"])
     for name, axis, rs in runs:
@@ -515,8 +522,7 @@ def main(argv):
             record(r)
             print(f"sweep: {twin}: linear {r['scores']['linear_avg']:.1f}, kNN {r['scores']['knn_avg']:.1f}", flush=True)
 
-    with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(summarize(results) + "\n## Every run\n\n" + table(results))
+    write_table()
     written = plots(results, out_dir)
     print(summarize(results))
     print(f"sweep: wrote {out_dir}/results.jsonl, results.md" + "".join(f", {w}" for w in written))

@@ -89,9 +89,16 @@ def test_sweep_runs_probes_and_resumes(tmp_path, monkeypatch):
     out = tmp_path / "sw"
     argv = ["--preset=tiny", f"--out_dir={out}", "--axes=main", f"--tasks={task}", "--glue_dir=", "--glue_tasks=", "--sts=",
             "--compile=False", "--random_seeds=2", "--device=cpu", "--seeds=2", "--families=bert,crossbert"]
-    devices, load = [], sweep.load_checkpoint
-    monkeypatch.setattr(sweep, "load_checkpoint", lambda path, device: devices.append(device) or load(path, device))
+    devices, tables, load = [], [], sweep.load_checkpoint
+
+    def load_and_look(path, device):  # each run's checkpoint is loaded once, after it trained
+        devices.append(device)
+        if len(devices) == 2:  # the table follows every run: the first is in it before the second is probed
+            tables.append((out / "results.md").read_text())
+        return load(path, device)
+    monkeypatch.setattr(sweep, "load_checkpoint", load_and_look)
     sweep.main(argv)
+    assert "| bert-1x32 |" in tables[0] and "crossbert-1x32" not in tables[0]
     assert devices == ["cpu"] * 4  # each checkpoint once, on the device the probes run on
     results = [json.loads(x) for x in open(out / "results.jsonl")]
     names = [r["name"] for r in results]
