@@ -274,6 +274,9 @@ def test_resumed_log_has_no_duplicates_and_scratch_log_is_new(dataset, tmp_path)
     ("flops.py", ["--n_embd=big"], "n_embd must be a int"),
     ("flops.py", ["--block_size=33"], "CrossBERT: CMS with mask_ratio=0.5 cuts each sequence into 2 views"),
     ("sweep.py", ["--preset=tpu"], "--preset='tpu': expected one of cpu, cpu-gutenberg, gpu"),
+    ("noise.py", ["--like=no/such.pt"], "no/such.pt: no such checkpoint"),
+    ("noise.py", ["--like=x", "--init_seeds=1"], "--init_seeds and --probe_seeds: at least 2 each"),
+    ("noise.py", ["--like=x", "--out=README.md/noise.json"], "README.md is a file, not a folder; pick another --out"),
 ])
 def test_other_scripts_end_bad_input_in_one_line(script, args, message, tmp_path):
     out = subprocess.run([sys.executable, script, *args, *([f"--out_dir={tmp_path / 'out'}"] if "prepare" in script
