@@ -118,8 +118,9 @@ def peak_from_table(device, dtype):
 def peak_flops(device, dtype, trials=10):
     """Peak FLOP/s of the device: from PEAK_FLOPS for known GPUs, else measured with a large matmul, the best of
     `trials` (a trial slowed by other work on the machine only ever lowers its own time's rank)."""
-    if peak_from_table(device, dtype):
-        return peak_from_table(device, dtype)
+    table = peak_from_table(device, dtype)
+    if table:
+        return table
     # a CPU without native bf16 emulates it about 250x slower than fp32: a smaller matmul measures it in seconds
     n = 512 if device.type == "cpu" and dtype == torch.bfloat16 and not cpu_has_bf16() else 2048
     gen = torch.Generator(device).manual_seed(0)  # leaves the global RNG alone, so resumed runs stay exact
