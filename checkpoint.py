@@ -6,6 +6,8 @@ and what train.py adds to resume a run exactly: the optimizer state, the run set
 FLOPs so far, and every process's RNG state.
 """
 import os
+import signal
+import threading
 
 import torch
 
@@ -13,18 +15,28 @@ from model import MODELS, ModelConfig
 
 
 def save_checkpoint(path, ckpt):
-    """Write the dict ckpt to path atomically: a crash mid-write leaves the previous checkpoint intact."""
+    """Write the dict ckpt to path atomically: a crash mid-write leaves the previous checkpoint intact, and a Ctrl-C
+    mid-write is held until the new file is in place (then raised), so an interrupt never loses the step."""
     tmp = f"{path}.tmp"
+    interrupted = []
+    hold = threading.current_thread() is threading.main_thread()  # only the main thread may set signal handlers
+    if hold:
+        previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
     try:
         with open(tmp, "wb") as f:  # opened here, so a path or disk problem is an OSError (torch.save's own is not)
             torch.save(ckpt, f)
+        os.replace(tmp, path)
     except BaseException as e:  # no half-written file is left behind
         if os.path.lexists(tmp) and not os.path.isdir(tmp):
             os.remove(tmp)
         if isinstance(e, OSError) and e.filename is None:  # a failed write does not name its file
             e.filename = tmp
         raise
-    os.replace(tmp, path)
+    finally:
+        if hold:
+            signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
+    if interrupted:
+        raise KeyboardInterrupt
 
 
 def read_checkpoint(path, device="cpu"):

@@ -303,6 +303,26 @@ def test_ctrl_c_names_the_checkpoint(dataset, tmp_path):
     assert (tmp_path / "ckpt.pt").exists() and not (tmp_path / "ckpt.pt.tmp").exists()
 
 
+class SendsCtrlC:
+    """Pickling it sends this process a SIGINT: a Ctrl-C that lands in the middle of writing a checkpoint."""
+    def __reduce__(self):
+        import signal
+        os.kill(os.getpid(), signal.SIGINT)
+        return (int, (7,))
+
+
+def test_ctrl_c_mid_write_keeps_the_new_checkpoint(tmp_path):
+    from checkpoint import save_checkpoint
+    path = str(tmp_path / "ckpt.pt")
+    save_checkpoint(path, {"step": 1})
+    with pytest.raises(KeyboardInterrupt):  # raised, but only once the new file is whole and in place
+        save_checkpoint(path, {"step": 2, "weights": np.arange(10**6), "interrupt": SendsCtrlC(), "tail": [3] * 1000})
+    import torch
+    ckpt = torch.load(path, weights_only=False)
+    assert ckpt["step"] == 2 and ckpt["interrupt"] == 7 and ckpt["tail"] == [3] * 1000
+    assert os.listdir(tmp_path) == ["ckpt.pt"]
+
+
 def task_folder(root, name, labels):
     d = root / name
     d.mkdir()
