@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from checkpoint import save_checkpoint
 from configurator import check_writable, fail, user_errors
 from data.pairs import pair_stream
-from data.tasks import EvalError, read_beir, read_sts
+from data.tasks import EvalError, read_beir, read_jsonl, read_sts, utf8_lines
 from features import add_model_args, embed_texts, load_model, mean_pool, pad
 from probe import spearman
 
@@ -255,28 +255,10 @@ def read_texts(path, text_key):
     if not p.is_file():
         what = "a folder" if p.is_dir() else "no such file"
         raise EvalError(f"--texts={path}: {what}; pass one .txt file (one text per line) or .jsonl file")
-    texts, jsonl = [], p.suffix == ".jsonl"
-    with open(p, "rb") as f:  # bytes, decoded line by line, so a bad byte is reported with its line
-        for n, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8-sig" if n == 1 else "utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as e:
-                raise EvalError(f"{path}:{n}: not UTF-8 (byte {raw[e.start]:#04x} at column {e.start + 1}); "
-                                "save the file as UTF-8") from None
-            if not jsonl:
-                texts.append(line)
-                continue
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EvalError(f"{path}:{n}: not valid JSON ({e.msg}); fix: one JSON object per line") from None
-            if not isinstance(obj, dict) or not isinstance(obj.get(text_key), str):
-                fields = ", ".join(obj) if isinstance(obj, dict) else type(obj).__name__
-                raise EvalError(f"{path}:{n}: no text field {text_key!r} (found: {fields}); "
-                                "fix that line or pass --text_key=FIELD")
-            texts.append(obj[text_key])
+    if p.suffix == ".jsonl":
+        texts = [obj[text_key] for _, obj in read_jsonl(p, [text_key])]
+    else:
+        texts = [line.rstrip("\n") for _, line in utf8_lines(p)]
     if not any(t.strip() for t in texts):
         raise EvalError(f"--texts={path}: no text in it; pass a file with one text per line")
     return texts

@@ -236,7 +236,9 @@ def read_jsonl(path, keys=()):
         except json.JSONDecodeError as e:
             raise EvalError(f"{path}:{n}: not valid JSON ({e.msg}); fix: one JSON object per line") from None
         if not isinstance(obj, dict) or not all(isinstance(obj.get(k), str) for k in keys):
-            raise EvalError(f"{path}:{n}: expected a JSON object with the fields {list(keys)}; fix: add them")
+            found = ", ".join(obj) if isinstance(obj, dict) else type(obj).__name__
+            raise EvalError(f"{path}:{n}: expected a JSON object with the text fields {list(keys)} (found: {found}); "
+                            "fix that line")
         yield n, obj
 
 
@@ -246,7 +248,7 @@ def utf8_lines(path):
     with (gzip.open if str(path).endswith(".gz") else open)(path, "rb") as f:
         for n, raw in enumerate(f, 1):  # decoded a line at a time, so a bad byte's line is known
             try:
-                line = raw.decode("utf-8")
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")  # -sig: a byte-order mark is not text
             except UnicodeDecodeError as e:
                 raise EvalError(not_utf8(path, e, n)) from None
             yield n, line[:-2] + "\n" if line.endswith("\r\n") else line

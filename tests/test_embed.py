@@ -335,6 +335,9 @@ def test_texts_command_writes_one_row_per_line_in_order(kind, tmp_path):
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": i, "body": t}) + "\n\n" for i, t in enumerate(LINES)))
     embed.main([a.replace("in.txt", "in.jsonl") for a in args] + ["--text_key=body"])  # blank .jsonl lines are skipped
     assert np.array_equal(np.load(tmp_path / "out.npy"), z)
+    (tmp_path / "in.txt").write_bytes(b"\xef\xbb\xbf" + "\r\n".join(LINES).encode() + b"\r\n")  # a BOM, CRLF
+    embed.main(args)
+    assert np.array_equal(np.load(tmp_path / "out.npy"), z)
 
 
 def test_a_trained_pooler_is_kept_and_used(tmp_path):
