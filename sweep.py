@@ -236,7 +236,13 @@ def evaluate(model, tasks, glue_tasks, glue_dir, sts, max_train):
 # Report: the table and the plots
 
 
-T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}  # Student's t, two-sided 95%
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 12: 2.18,
+       15: 2.13, 20: 2.09, 30: 2.04}  # Student's t, two-sided 95%, by degrees of freedom
+
+
+def t95(df):
+    """Student's t for a two-sided 95% interval; between the table's entries, the next smaller df's (wider)."""
+    return T95[max(k for k in T95 if k <= df)] if df < 60 else 1.96
 
 
 def interval(xs):
@@ -245,15 +251,59 @@ def interval(xs):
     if len(xs) < 2:
         return m, None, None
     sd = float(np.std(xs, ddof=1))
-    return m, sd, T95.get(len(xs) - 1, 1.96) * sd / math.sqrt(len(xs))
+    return m, sd, t95(len(xs) - 1) * sd / math.sqrt(len(xs))
 
 
-def fmt(xs, signed=False):
+def fmt(xs, signed=False, places=1):
     m, sd, hw = interval(xs)
-    f = "+.1f" if signed else ".1f"
+    f = f"{'+' * signed}.{places}f"
     if sd is None:
         return f"{m:{f}} (1 seed)"
-    return f"{m:{f}} [{m - hw:{f}}, {m + hw:{f}}]" if signed else f"{m:{f}} ± {sd:.1f}"
+    return f"{m:{f}} [{m - hw:{f}}, {m + hw:{f}}]" if signed else f"{m:{f}} ± {sd:.{places}f}"
+
+
+def trend(points):
+    """The least-squares line through (log2 FLOPs, trained − init) points, one per training seed and budget: its slope
+    in points per doubling of FLOPs, with a 95% half-width, and the FLOPs where it crosses 0, with a 95% range (delta
+    method). None for fewer than 3 points or one budget. The crossing is an extrapolation when it lies beyond the
+    budgets measured: the line is an assumption there, so the range is a lower bound on the uncertainty."""
+    x, y = np.log2([p[0] for p in points]), np.array([p[1] for p in points], dtype=float)
+    if len(x) < 3 or len(set(x)) < 2:
+        return None
+    xm, ym = x.mean(), y.mean()
+    sxx = ((x - xm) ** 2).sum()
+    slope = ((x - xm) * (y - ym)).sum() / sxx
+    s2 = ((y - ym - slope * (x - xm)) ** 2).sum() / (len(x) - 2)  # the residual variance
+    t = t95(len(x) - 2)
+    slope_hw = t * math.sqrt(s2 / sxx)
+    if slope == 0:
+        return slope, slope_hw, None
+    x0 = xm - ym / slope  # where the line is 0; the mean and the slope of a centred fit are independent
+    x0_hw = t * math.sqrt(s2 / len(x) / slope ** 2 + ym ** 2 * s2 / sxx / slope ** 4)
+    return slope, slope_hw, (2 ** x0, 2 ** (x0 - x0_hw), 2 ** (x0 + x0_hw))
+
+
+def crossing(rs, twins, key):
+    """One row of the crossing table for a family's main runs rs: the first budget where trained beats its random
+    twins (paired by seed, the interval above 0), and the trend of trained − init over budgets."""
+    by_budget = {}
+    for r in rs:
+        if r.get("seed", 0) in twins.get(r["shape"], {}):
+            by_budget.setdefault(r["settings"]["max_flops"], []).append(
+                r["scores"][key] - twins[r["shape"]][r.get("seed", 0)][key])
+    first = next((b for b in sorted(by_budget) if verdict(by_budget[b]) == "above"), None)
+    reached = f"{first:.2e} ({fmt(by_budget[first], True)})" if first else "not reached"
+    fit = trend([(b, d) for b, ds in by_budget.items() for d in ds])
+    if fit is None:
+        return [reached, "one budget: no trend yet", "-"]
+    slope, hw, zero = fit
+    if first:
+        where = "-"
+    elif slope - hw <= 0:
+        where = "the trend does not rise: none in sight"
+    else:
+        where = f"{zero[0]:.1e} [{zero[1]:.1e}, {zero[2]:.1e}]"
+    return [reached, f"{slope:+.2f} [{slope - hw:+.2f}, {slope + hw:+.2f}]", where]
 
 
 def verdict(diffs):
@@ -287,7 +337,7 @@ def summarize(results):
              "init kNN | trained − init | verdict (linear / kNN) |", "|" + "---|" * 12]
     for name, rs in sorted(cells.items(), key=lambda kv: (kv[1][0]["model_type"], kv[1][0]["flops"])):
         tw = twins.get((rs[0]["model_type"], shape(rs[0])), {})
-        row = [name, f"{np.mean([r['flops'] for r in rs]):.2e}", str(len(rs)), fmt([r["val_loss"] for r in rs]),
+        row = [name, f"{np.mean([r['flops'] for r in rs]):.2e}", str(len(rs)), fmt([r["val_loss"] for r in rs], places=3),
                f"{rs[0]['unigram_loss']:.3f}"]
         verdicts = []
         for key in ("linear_avg", "knn_avg"):
@@ -296,6 +346,19 @@ def summarize(results):
                     fmt(paired, signed=True) if paired else "-"]
             verdicts.append(verdict(paired) if paired else "-")
         lines.append("| " + " | ".join(row + [" / ".join(verdicts)]) + " |")
+    lines += ["", "## The crossing", "", "The smallest budget at which a family's trained runs beat their random twins "
+              "(the 95% interval of trained − init above 0), and the least-squares trend of trained − init against "
+              "log2 FLOPs (every seed a point) in points per doubling, [95% interval]; where no budget beats the "
+              "twins yet and the trend rises, the FLOPs where the line reaches 0 (an extrapolation, [95% range]).", "",
+              "| family | probe | beats its twins from | trend per doubling | extrapolated crossing (FLOPs) |",
+              "|" + "---|" * 5]
+    by_shape = {}
+    for (fam, shp), tw in twins.items():
+        by_shape.setdefault(fam, {})[shp] = tw
+    for fam in sorted({r["model_type"] for r in main}):
+        rs = [dict(r, shape=shape(r)) for r in main if r["model_type"] == fam]
+        for key, probe in (("linear_avg", "linear"), ("knn_avg", "kNN")):
+            lines.append("| " + " | ".join([fam, probe] + crossing(rs, by_shape.get(fam, {}), key)) + " |")
     lines += ["", "## Families at equal FLOPs", "", "Each family minus BERT at the same budget and shape, paired by "
               "training seed, [95% interval].", "",
               "| budget | shape | comparison | seeds | linear | kNN | verdict (linear / kNN) |", "|" + "---|" * 7]
@@ -479,12 +542,13 @@ def main(argv):
             f.write(summarize(results) + "\n## Every run\n\n" + table(results))
         os.replace(tmp, os.path.join(out_dir, "results.md"))
 
-    def record(r):  # every run is kept as it finishes, and the table follows, so a sweep stopped part way has both
+    def record(r):  # every run is kept as it finishes, the table and plots follow: a sweep stopped part way has all
         results.append(r)
         done.add(r["name"])
         with open(results_path, "a") as f:
             f.write(json.dumps(r) + "\n")
         write_table()
+        plots(results, out_dir)
 
     score = lambda m: evaluate(m, tasks, glue_tasks, s["glue_dir"], sts, p["probe_max_train"])
     for name, axis, rs in runs:

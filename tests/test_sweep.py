@@ -149,9 +149,33 @@ def test_summary_aggregates_seeds_and_pairs_them():
     bert = next(line for line in md.splitlines() if line.startswith("| bert-4x256 |"))
     # trained 60, 62, 64 (mean 62, sd 2); twins 58, 59, 60 (59 ± 1); paired differences 2, 3, 4: mean 3, sd 1,
     # 95% half-width 4.303 / sqrt(3) = 2.48
-    assert "| 3 | 6.0 ± 1.0 | 6.200 | 62.0 ± 2.0 | 59.0 ± 1.0 | +3.0 [+0.5, +5.5] |" in bert
+    assert "| 3 | 6.000 ± 1.000 | 6.200 | 62.0 ± 2.0 | 59.0 ± 1.0 | +3.0 [+0.5, +5.5] |" in bert
     # kNN: trained 50, 50, 50 against 51, 52, 53: differences -1, -2, -3, whose interval holds 0
     assert "| -2.0 [-4.5, +0.5] |" in bert and bert.endswith("| above / not distinguishable |")
     # CrossBERT minus BERT, seed by seed: linear 1, 1, 1 (an interval of zero width); kNN 0, -1, -2
     cross = next(line for line in md.splitlines() if "crossbert − bert" in line)
     assert "| 3 | +1.0 [+1.0, +1.0] | -1.0 [-3.5, +1.5] | above / not distinguishable |" in cross
+
+
+def test_crossing_is_the_first_budget_above_the_twins_or_the_trend_extrapolated():
+    # one family at 2^40, 2^41, 2^42 FLOPs, 2 seeds each, twins scoring 0, so trained − init is the score itself
+    def run(budget, seed, lin, knn):
+        return dict(name=f"bert-{budget}-s{seed}", axis="main", seed=seed, shape="4x256", model_type="bert",
+                    settings=dict(max_flops=2.0 ** budget, n_layer=4, n_embd=256), flops=2.0 ** budget,
+                    val_loss=5.0, unigram_loss=6.2, scores=dict(linear_avg=lin, knn_avg=knn))
+    lin = {40: (-4.5, -3.5), 41: (-2.5, -1.5), 42: (-0.5, 0.5)}
+    knn = {40: (-4, -4), 41: (-1, -1.2), 42: (2, 2.2)}
+    results = [run(b, k, lin[b][k], knn[b][k]) for b in lin for k in range(2)]
+    results += [dict(name=f"random-bert-4x256-s{k}", axis="random", seed=k, shape="4x256", model_type="bert",
+                     settings={}, flops=0, scores=dict(linear_avg=0.0, knn_avg=0.0)) for k in range(2)]
+    md = sweep.summarize(results)
+    # linear: budget means -4, -2, 0, so 2 points per doubling and 0 at 2^42 = 4.4e12; residuals ±0.5 over 6 points
+    # (4 df, t 2.78): slope half-width 2.78 sqrt(0.375 / 4) = 0.85; the crossing's log2 half-width
+    # 2.78 sqrt(0.375 / 6 / 4 + 4 * 0.375 / 4 / 16) = 0.549, so 2^41.451 = 3.0e12 to 2^42.549 = 6.4e12
+    assert "| bert | linear | not reached | +2.00 [+1.15, +2.85] | 4.4e+12 [3.0e+12, 6.4e+12] |" in md
+    # kNN: 2^42's differences 2.0 and 2.2 (mean 2.1, sd 0.14, t 12.71: half-width 1.27) are above 0
+    assert "| bert | kNN | 4.40e+12 (+2.1 [+0.8, +3.4]) |" in md and md.split("| bert | kNN |")[1].split("\n")[0].endswith("| - |")
+    flat = [dict(r, scores=dict(linear_avg=-2.0 + 0.1 * r["seed"], knn_avg=-1.0)) if r["axis"] == "main" else r
+            for r in results]
+    md = sweep.summarize(flat)  # no rise: no crossing is extrapolated
+    assert "| bert | linear | not reached | +0.00 [" in md and "the trend does not rise: none in sight" in md
