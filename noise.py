@@ -24,7 +24,7 @@ from configurator import check_writable, fail, user_errors
 from data.tasks import EvalError, load_task
 from features import features, random_twin, tokenize
 from probe import probe
-from sweep import T95, task_list
+from sweep import t95, task_list
 
 
 def averages(model, tasks, seed):
@@ -84,7 +84,7 @@ def main(argv=None):
     print("\nSmallest difference of two means of n seeds each that a two-sided 95% t-test detects "
           "(the largest sd above):\n\n| n | linear | kNN |\n|---|---|---|")
     for n in (1, 3, 5):
-        t = T95.get(2 * n - 2, 1.96) if n > 1 else None
+        t = t95(2 * n - 2) if n > 1 else None
         cells = [f"{t * s * math.sqrt(2 / n):.2f}" if t else "no test with one seed" for s in worst]
         print(f"| {n} | {cells[0]} | {cells[1]} |")
     if args.out:  # written whole, then renamed, into a folder made if needed
