@@ -5,6 +5,8 @@ with the same encoder, on synthetic tokens, and compares them with the analytic 
     python bench.py                                   # mid-size: 8 layers x 512, 256 tokens, compiled
     python bench.py --batch_size=64 --n_layer=12 --n_head=12 --n_embd=768 --block_size=512 --flash_check   # a GPU
     python bench.py --profile                         # + where each model's step spends its time, top ops first
+    python bench.py --n_layer=4 --n_head=4 --n_embd=128 --block_size=128 --batch_size=16 --vocab_size=8192 --profile
+                                                      # the default `python train.py` run's shape and step
 
 Two throughputs, named for what they count: input tokens/s (rows x block_size, unique data) and
 view positions/s (rows x views x block_size, what complementary masking multiplies; the paper's
@@ -28,6 +30,7 @@ from model import MODELS, make_config
 
 settings = dict(
     n_layer=8, n_head=8, n_embd=512, block_size=256,
+    vocab_size=0,           # 0: GPT-2's 50,304 ids; a compact vocabulary of that many ids (train.py's default: 8,192)
     gen_width=0.25,         # ELECTRA's generator width, a fraction of n_embd (rounded to whole heads)
     batch_size=8,           # input rows per step (CrossBERT's CMS makes 2 views of each)
     steps=3, warmup=3,      # timed steps, after untimed ones (compilation and first-touch allocation happen there)
@@ -49,6 +52,8 @@ def bench(model_type, s, device, autocast):
     cfg = make_config({**s, "model_type": model_type})
     model = MODELS[model_type](cfg).to(device)
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.type)
+    if model.vocab_map is not None:  # a compact vocabulary: spread the synthetic token ids over it, as a real map does
+        model.vocab_map.copy_(torch.arange(cfg.token_ids, device=device) % cfg.vocab_size)
     step_fn = torch.compile(model) if s["compile"] else model
     B, T = s["batch_size"], s["block_size"]
     idx = torch.randint(0, 50257, (B, T), device=device)
