@@ -264,8 +264,8 @@ def fmt(xs, signed=False, places=1):
 
 def trend(points):
     """The least-squares line through (log2 FLOPs, trained − init) points, one per training seed and budget: its slope
-    in points per doubling of FLOPs, with a 95% half-width, and the FLOPs where it crosses 0, with a 95% range (delta
-    method). None for fewer than 3 points or one budget. The crossing is an extrapolation when it lies beyond the
+    in points per doubling of FLOPs, with a 95% half-width, and the log2 FLOPs where it crosses 0, with a 95%
+    half-width (delta method; None for a flat line). None for fewer than 3 points or one budget. The crossing is an extrapolation when it lies beyond the
     budgets measured: the line is an assumption there, so the range is a lower bound on the uncertainty."""
     x, y = np.log2([p[0] for p in points]), np.array([p[1] for p in points], dtype=float)
     if len(x) < 3 or len(set(x)) < 2:
@@ -277,10 +277,10 @@ def trend(points):
     t = t95(len(x) - 2)
     slope_hw = t * math.sqrt(s2 / sxx)
     if slope == 0:
-        return slope, slope_hw, None
+        return slope, slope_hw, None, None
     x0 = xm - ym / slope  # where the line is 0; the mean and the slope of a centred fit are independent
     x0_hw = t * math.sqrt(s2 / len(x) / slope ** 2 + ym ** 2 * s2 / sxx / slope ** 4)
-    return slope, slope_hw, (2 ** x0, 2 ** (x0 - x0_hw), 2 ** (x0 + x0_hw))
+    return float(slope), slope_hw, float(x0), x0_hw
 
 
 def crossing(rs, twins, key):
@@ -296,13 +296,15 @@ def crossing(rs, twins, key):
     fit = trend([(b, d) for b, ds in by_budget.items() for d in ds])
     if fit is None:
         return [reached, "one budget: no trend yet", "-"]
-    slope, hw, zero = fit
+    slope, hw, x0, x0_hw = fit
     if first:
         where = "-"
     elif slope - hw <= 0:
         where = "the trend does not rise: none in sight"
+    elif x0 + x0_hw < 1000:  # FLOPs as a number while a float holds them
+        where = f"{2 ** x0:.1e} [{2 ** (x0 - x0_hw):.1e}, {2 ** (x0 + x0_hw):.1e}]"
     else:
-        where = f"{zero[0]:.1e} [{zero[1]:.1e}, {zero[2]:.1e}]"
+        where = f"2^{x0:.0f} [2^{x0 - x0_hw:.0f}, 2^{x0 + x0_hw:.0f}]"
     return [reached, f"{slope:+.2f} [{slope - hw:+.2f}, {slope + hw:+.2f}]", where]
 
 

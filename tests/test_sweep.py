@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -179,3 +180,19 @@ def test_crossing_is_the_first_budget_above_the_twins_or_the_trend_extrapolated(
             for r in results]
     md = sweep.summarize(flat)  # no rise: no crossing is extrapolated
     assert "| bert | linear | not reached | +0.00 [" in md and "the trend does not rise: none in sight" in md
+
+
+def test_a_barely_rising_trend_extrapolates_without_overflow():
+    # the line rises significantly but so slowly that it reaches 0 near 2^2500 FLOPs: shown as a power of two
+    slope, hw, x0, x0_hw = sweep.trend([(2.0 ** b, -100 + 0.04 * b + e) for b in (40, 41, 42) for e in (-1e-3, 1e-3)])
+    assert slope == pytest.approx(0.04) and hw < 0.01 and x0 == pytest.approx(2500, rel=1e-6)
+    results = [dict(name=f"bert-{b}-s{k}", axis="main", seed=k, shape="4x256", model_type="bert",
+                    settings=dict(max_flops=2.0 ** b, n_layer=4, n_embd=256), flops=2.0 ** b, val_loss=5.0,
+                    unigram_loss=6.2, scores=dict(linear_avg=-100 + 0.04 * b + (2 * k - 1) * 1e-3, knn_avg=-1.0))
+               for b in (40, 41, 42) for k in range(2)]
+    results += [dict(name=f"random-bert-4x256-s{k}", axis="random", seed=k, shape="4x256", model_type="bert",
+                     settings={}, flops=0, scores=dict(linear_avg=0.0, knn_avg=0.0)) for k in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow warning either
+        md = sweep.summarize(results)
+    assert "| bert | linear | not reached | +0.04 [+0.04, +0.04] | 2^2500 [2^" in md
