@@ -300,7 +300,7 @@ def crossing(rs, twins, key):
     if first:
         where = "-"
     elif slope - hw <= 0:
-        where = "the trend does not rise: none in sight"
+        where = "no rise beyond its interval: not extrapolated"
     elif x0 + x0_hw < 1000:  # FLOPs as a number while a float holds them
         where = f"{2 ** x0:.1e} [{2 ** (x0 - x0_hw):.1e}, {2 ** (x0 + x0_hw):.1e}]"
     else:

@@ -179,7 +179,7 @@ def test_crossing_is_the_first_budget_above_the_twins_or_the_trend_extrapolated(
     flat = [dict(r, scores=dict(linear_avg=-2.0 + 0.1 * r["seed"], knn_avg=-1.0)) if r["axis"] == "main" else r
             for r in results]
     md = sweep.summarize(flat)  # no rise: no crossing is extrapolated
-    assert "| bert | linear | not reached | +0.00 [" in md and "the trend does not rise: none in sight" in md
+    assert "| bert | linear | not reached | +0.00 [" in md and "no rise beyond its interval: not extrapolated" in md
 
 
 def test_a_barely_rising_trend_extrapolates_without_overflow():
