@@ -283,17 +283,31 @@ def trend(points):
     return float(slope), slope_hw, float(x0), x0_hw
 
 
+def seed_of(r):
+    return r.get("seed", 0)
+
+
+def shape_of(r):
+    return r.get("shape") or f"{r['settings']['n_layer']}x{r['settings']['n_embd']}"
+
+
+def init_diffs(rs, twins, key):
+    """trained − init on score `key` for each run of rs whose twin (its family's, shape's and seed's random run)
+    is in twins, a dict (family, shape) -> {seed: scores}."""
+    return [r["scores"][key] - twins[r["model_type"], shape_of(r)][seed_of(r)][key] for r in rs
+            if seed_of(r) in twins.get((r["model_type"], shape_of(r)), {})]
+
+
 def crossing(rs, twins, key):
     """One row of the crossing table for a family's main runs rs: the first budget where trained beats its random
     twins (paired by seed, the interval above 0), and the trend of trained − init over budgets."""
     by_budget = {}
     for r in rs:
-        if r.get("seed", 0) in twins.get(r["shape"], {}):
-            by_budget.setdefault(r["settings"]["max_flops"], []).append(
-                r["scores"][key] - twins[r["shape"]][r.get("seed", 0)][key])
-    first = next((b for b in sorted(by_budget) if verdict(by_budget[b]) == "above"), None)
-    reached = f"{first:.2e} ({fmt(by_budget[first], True)})" if first else "not reached"
-    fit = trend([(b, d) for b, ds in by_budget.items() for d in ds])
+        by_budget.setdefault(r["settings"]["max_flops"], []).append(r)
+    diffs = {b: d for b, runs in sorted(by_budget.items()) if (d := init_diffs(runs, twins, key))}
+    first = next((b for b, d in diffs.items() if verdict(d) == "above"), None)
+    reached = f"{first:.2e} ({fmt(diffs[first], True)})" if first else "not reached"
+    fit = trend([(b, x) for b, d in diffs.items() for x in d])
     if fit is None:
         return [reached, "one budget: no trend yet", "-"]
     slope, hw, x0, x0_hw = fit
@@ -320,14 +334,11 @@ def summarize(results):
     equal FLOPs, on the primary average (linear_avg, knn_avg). Differences are paired by training seed: a run
     against its own initial weights (the twin of the same seed), CrossBERT seed k against BERT seed k (the same
     data order). Intervals are 95% Student-t intervals of the mean difference over seeds; mean ± sd elsewhere."""
-    def seed(r):
-        return r.get("seed", 0)
     main = [r for r in results if r["axis"] == "main"]
-    shape = lambda r: r.get("shape") or f"{r['settings']['n_layer']}x{r['settings']['n_embd']}"
     twins = {}  # (family, shape) -> {seed: scores}
     for r in results:
         if r["axis"] == "random":
-            twins.setdefault((r["model_type"], shape(r)), {})[seed(r)] = r["scores"]
+            twins.setdefault((r["model_type"], shape_of(r)), {})[seed_of(r)] = r["scores"]
     cells = {}
     for r in main:
         cells.setdefault(r.get("cell", r["name"]), []).append(r)
@@ -338,12 +349,12 @@ def summarize(results):
              "| cell | train FLOPs | seeds | val loss | unigram | linear | init linear | trained − init | kNN | "
              "init kNN | trained − init | verdict (linear / kNN) |", "|" + "---|" * 12]
     for name, rs in sorted(cells.items(), key=lambda kv: (kv[1][0]["model_type"], kv[1][0]["flops"])):
-        tw = twins.get((rs[0]["model_type"], shape(rs[0])), {})
+        tw = twins.get((rs[0]["model_type"], shape_of(rs[0])), {})
         row = [name, f"{np.mean([r['flops'] for r in rs]):.2e}", str(len(rs)), fmt([r["val_loss"] for r in rs], places=3),
                f"{rs[0]['unigram_loss']:.3f}"]
         verdicts = []
         for key in ("linear_avg", "knn_avg"):
-            paired = [r["scores"][key] - tw[seed(r)][key] for r in rs if seed(r) in tw]
+            paired = init_diffs(rs, twins, key)
             row += [fmt([r["scores"][key] for r in rs]), fmt([t[key] for t in tw.values()]) if tw else "-",
                     fmt(paired, signed=True) if paired else "-"]
             verdicts.append(verdict(paired) if paired else "-")
@@ -354,19 +365,16 @@ def summarize(results):
               "twins yet and the trend rises, the FLOPs where the line reaches 0 (an extrapolation, [95% range]).", "",
               "| family | probe | beats its twins from | trend per doubling | extrapolated crossing (FLOPs) |",
               "|" + "---|" * 5]
-    by_shape = {}
-    for (fam, shp), tw in twins.items():
-        by_shape.setdefault(fam, {})[shp] = tw
     for fam in sorted({r["model_type"] for r in main}):
-        rs = [dict(r, shape=shape(r)) for r in main if r["model_type"] == fam]
+        rs = [r for r in main if r["model_type"] == fam]
         for key, probe in (("linear_avg", "linear"), ("knn_avg", "kNN")):
-            lines.append("| " + " | ".join([fam, probe] + crossing(rs, by_shape.get(fam, {}), key)) + " |")
+            lines.append("| " + " | ".join([fam, probe] + crossing(rs, twins, key)) + " |")
     lines += ["", "## Families at equal FLOPs", "", "Each family minus BERT at the same budget and shape, paired by "
               "training seed, [95% interval].", "",
               "| budget | shape | comparison | seeds | linear | kNN | verdict (linear / kNN) |", "|" + "---|" * 7]
     budgets = {}
     for r in main:
-        budgets.setdefault((r["settings"]["max_flops"], shape(r)), {}).setdefault(r["model_type"], {})[seed(r)] = r
+        budgets.setdefault((r["settings"]["max_flops"], shape_of(r)), {}).setdefault(r["model_type"], {})[seed_of(r)] = r
     for (budget, shp), fams in sorted(budgets.items()):
         for fam in (f for f in fams if f != "bert" and "bert" in fams):
             common = sorted(set(fams[fam]) & set(fams["bert"]))
@@ -408,7 +416,6 @@ def plots(results, out_dir):
     main = [r for r in results if r["axis"] == "main"]
     written = []
 
-    shape = lambda r: r.get("shape") or f"{r['settings']['n_layer']}x{r['settings']['n_embd']}"
     fig, axs = plt.subplots(1, 3, figsize=(15, 4.2))
     for ax, key, title in zip(axs, ("linear_avg", "knn_avg", "sts_zero_shot"),
                               ("linear probe, primary average", "kNN probe, primary average",
@@ -417,14 +424,14 @@ def plots(results, out_dir):
             cells = {}  # budget -> this family's scores over training seeds, and its shape's random twins
             for r in main:
                 if r["model_type"] == fam and key in r["scores"]:
-                    cells.setdefault(r["flops"] and r["settings"]["max_flops"], (shape(r), []))[1].append(r["scores"][key])
+                    cells.setdefault(r["flops"] and r["settings"]["max_flops"], (shape_of(r), []))[1].append(r["scores"][key])
             if not cells:
                 continue
             xs = sorted(cells)
             ax.errorbar(xs, [np.mean(cells[x][1]) for x in xs], fmt="o-", color=colors[fam], capsize=3, label=fam,
                         yerr=[np.std(cells[x][1], ddof=1) if len(cells[x][1]) > 1 else 0 for x in xs])
             twins = [[t["scores"][key] for t in results if t["axis"] == "random" and t["model_type"] == fam
-                      and shape(t) == cells[x][0] and key in t["scores"]] for x in xs]
+                      and shape_of(t) == cells[x][0] and key in t["scores"]] for x in xs]
             if all(twins):
                 ax.errorbar(xs, [np.mean(t) for t in twins], yerr=[np.std(t, ddof=1) if len(t) > 1 else 0 for t in twins],
                             fmt="x--", color=colors[fam], alpha=0.6, capsize=3, label=f"{fam} random init")
