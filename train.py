@@ -415,11 +415,10 @@ write_log({"step": step, "unigram_loss": round(unigram, 4), "max_iters": max_ite
 
 
 def on_interrupt(kind, value, tb):
-    """Ctrl-C: one line that names the checkpoint to resume from, and no half-written temp file left behind."""
+    """Ctrl-C: one line that names the checkpoint to resume from (checkpoint.save_checkpoint holds a Ctrl-C that
+    lands mid-write until the file is whole, so no temp file is left behind)."""
     if not issubclass(kind, KeyboardInterrupt):
         return excepthook(kind, value, tb)  # user_errors_hook's: one line for a path that cannot be written
-    if os.path.exists(ckpt_path + ".tmp"):
-        os.remove(ckpt_path + ".tmp")
     where = (f"the last checkpoint is {ckpt_path}; continue with --init_from=resume --out_dir={out_dir}"
              if os.path.exists(ckpt_path) else "no checkpoint was written yet")
     print(f"train.py: interrupted at step {step}; {where}", file=sys.stderr)
