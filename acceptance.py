@@ -127,7 +127,7 @@ def part_bench(s, device, dtype, autocast, peak):
         flash = {True: "served", None: "- (CPU)"}.get(r.get("flash"), f"failed: {r.get('flash')}")
         memory = f"{r['peak_memory'] / 2**30:.1f}" if r["peak_memory"] else "-"
         rows.append(f"| {m} | {r['input_tokens_per_s']:,.0f} | {r['view_positions_per_s']:,.0f} | "
-                    f"{r['flops_per_s'] / 1e12:.1f} | {100 * data[m]['mfu']:.1f}% | {memory} | {r['warmup_s']:.0f} | {flash} |")
+                    f"{r['flops_per_s'] / 1e12:.3g} | {100 * data[m]['mfu']:.1f}% | {memory} | {r['warmup_s']:.0f} | {flash} |")
     ratio = ""
     if "bert" in data and "crossbert" in data:
         speed = data["crossbert"]["view_positions_per_s"] / data["bert"]["view_positions_per_s"]
@@ -136,7 +136,7 @@ def part_bench(s, device, dtype, autocast, peak):
                  f"view position of {analytic:.2f}x ({speed / analytic:.2f} of it).")
     md = (f"## 1. Training-step throughput (bench.py)\n\n{s['n_layer']} x {s['n_embd']}, T = {s['block_size']}, "
           f"{s['batch_size']} rows a step, GPT-2 vocabulary, {dtype}"
-          f"{', compiled' if s['compile'] else ''}; MFU against {peak / 1e12:.0f} TFLOP/s. Input tokens are rows x T "
+          f"{', compiled' if s['compile'] else ''}; MFU against {peak / 1e12:.3g} TFLOP/s. Input tokens are rows x T "
           "(unique data); view positions are rows x views x T (CrossBERT's two complementary views count twice). "
           "Warmup includes compilation.\n\n| model | input tokens/s | view positions/s | TFLOP/s | MFU | peak memory "
           "(GiB) | warmup (s) | flash check |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + ratio)
