@@ -21,6 +21,7 @@ Axes besides the main BERT-vs-CrossBERT comparison (the paper's ablations), at o
             the "2x sample efficiency" claim, as val loss against unique training tokens
   predictor CrossBERT's predictor depth, at the same FLOPs
 """
+import importlib.util
 import json
 import math
 import os
@@ -405,13 +406,12 @@ def table(results):
 
 
 def plots(results, out_dir):
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("sweep: matplotlib is not installed (pip install matplotlib); skipping the plots", file=sys.stderr)
+    """Draws the sweep's figures into out_dir; returns their file names (none without matplotlib, an optional extra)."""
+    if importlib.util.find_spec("matplotlib") is None:
         return []
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
     colors = dict(zip(MODELS, ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange")))
     main = [r for r in results if r["axis"] == "main"]
     written = []
@@ -551,13 +551,17 @@ def main(argv):
             f.write(summarize(results) + "\n## Every run\n\n" + table(results))
         os.replace(tmp, os.path.join(out_dir, "results.md"))
 
+    if importlib.util.find_spec("matplotlib") is None:
+        print("sweep: matplotlib is not installed (pip install matplotlib); skipping the plots", file=sys.stderr)
+    written = []
+
     def record(r):  # every run is kept as it finishes, the table and plots follow: a sweep stopped part way has all
         results.append(r)
         done.add(r["name"])
         with open(results_path, "a") as f:
             f.write(json.dumps(r) + "\n")
         write_table()
-        plots(results, out_dir)
+        written[:] = plots(results, out_dir)
 
     score = lambda m: evaluate(m, tasks, glue_tasks, s["glue_dir"], sts, p["probe_max_train"])
     for name, axis, rs in runs:
@@ -596,7 +600,8 @@ def main(argv):
             print(f"sweep: {twin}: linear {r['scores']['linear_avg']:.1f}, kNN {r['scores']['knn_avg']:.1f}", flush=True)
 
     write_table()
-    written = plots(results, out_dir)
+    if not written:  # nothing finished in this call (a finished sweep run again): the plots of what is on record
+        written = plots(results, out_dir)
     print(summarize(results))
     print(f"sweep: wrote {out_dir}/results.jsonl, results.md" + "".join(f", {w}" for w in written))
 

@@ -98,7 +98,10 @@ def test_sweep_runs_probes_and_resumes(tmp_path, monkeypatch):
             tables.append((out / "results.md").read_text())
         return load(path, device)
     monkeypatch.setattr(sweep, "load_checkpoint", load_and_look)
+    drawn, plots = [], sweep.plots
+    monkeypatch.setattr(sweep, "plots", lambda results, d: drawn.append(len(results)) or plots(results, d))
     sweep.main(argv)
+    assert drawn == list(range(1, 9))  # after every recorded run, and not once more at the end
     assert "| bert-1x32 |" in tables[0] and "crossbert-1x32" not in tables[0]
     assert devices == ["cpu"] * 4  # each checkpoint once, on the device the probes run on
     results = [json.loads(x) for x in open(out / "results.jsonl")]
@@ -131,6 +134,7 @@ def test_sweep_runs_probes_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "train", no_training)
     sweep.main(argv)  # everything is in results.jsonl: nothing trains, nothing is added
     assert [json.loads(x)["name"] for x in open(out / "results.jsonl")] == names
+    assert drawn[8:] == [8]  # the plots of what is on record, drawn once
 
 
 def test_summary_aggregates_seeds_and_pairs_them():
