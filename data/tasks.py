@@ -237,7 +237,7 @@ def read_jsonl(path, keys=()):
             raise EvalError(f"{path}:{n}: not valid JSON ({e.msg}); fix: one JSON object per line") from None
         if not isinstance(obj, dict) or not all(isinstance(obj.get(k), str) for k in keys):
             found = ", ".join(obj) if isinstance(obj, dict) else type(obj).__name__
-            raise EvalError(f"{path}:{n}: expected a JSON object with the text fields {list(keys)} (found: {found}); "
+            raise EvalError(f"{path}:{n}: expected a JSON object with the string fields {list(keys)} (found: {found}); "
                             "fix that line")
         yield n, obj
 
