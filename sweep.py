@@ -331,8 +331,8 @@ def verdict(diffs):
 
 
 def summarize(results):
-    """The sweep's answer, as markdown: each main cell against its random twins, and the families against BERT at
-    equal FLOPs, on the primary average (linear_avg, knn_avg). Differences are paired by training seed: a run
+    """The sweep's answer, as markdown: each main cell against its random twins, and the families against each other
+    at equal FLOPs, on the primary average (linear_avg, knn_avg). Differences are paired by training seed: a run
     against its own initial weights (the twin of the same seed), CrossBERT seed k against BERT seed k (the same
     data order). Intervals are 95% Student-t intervals of the mean difference over seeds; mean ± sd elsewhere."""
     main = [r for r in results if r["axis"] == "main"]
@@ -370,18 +370,20 @@ def summarize(results):
         rs = [r for r in main if r["model_type"] == fam]
         for key, probe in (("linear_avg", "linear"), ("knn_avg", "kNN")):
             lines.append("| " + " | ".join([fam, probe] + crossing(rs, twins, key)) + " |")
-    lines += ["", "## Families at equal FLOPs", "", "Each family minus BERT at the same budget and shape, paired by "
-              "training seed, [95% interval].", "",
+    lines += ["", "## Families at equal FLOPs", "", "CrossBERT minus each baseline, and ELECTRA minus BERT, at the same "
+              "budget and shape, paired by training seed, [95% interval].", "",
               "| budget | shape | comparison | seeds | linear | kNN | verdict (linear / kNN) |", "|" + "---|" * 7]
     budgets = {}
     for r in main:
         budgets.setdefault((r["settings"]["max_flops"], shape_of(r)), {}).setdefault(r["model_type"], {})[seed_of(r)] = r
     for (budget, shp), fams in sorted(budgets.items()):
-        for fam in (f for f in fams if f != "bert" and "bert" in fams):
-            common = sorted(set(fams[fam]) & set(fams["bert"]))
-            diffs = {key: [fams[fam][k]["scores"][key] - fams["bert"][k]["scores"][key] for k in common]
+        for fam, ref in (("crossbert", "bert"), ("electra", "bert"), ("crossbert", "electra")):
+            common = sorted(set(fams.get(fam, ())) & set(fams.get(ref, ())))
+            if not common:
+                continue
+            diffs = {key: [fams[fam][k]["scores"][key] - fams[ref][k]["scores"][key] for k in common]
                      for key in ("linear_avg", "knn_avg")}
-            lines.append(f"| {budget:.2e} | {shp} | {fam} − bert | {len(common)} | {fmt(diffs['linear_avg'], True)} | "
+            lines.append(f"| {budget:.2e} | {shp} | {fam} − {ref} | {len(common)} | {fmt(diffs['linear_avg'], True)} | "
                          f"{fmt(diffs['knn_avg'], True)} | {verdict(diffs['linear_avg'])} / {verdict(diffs['knn_avg'])} |")
     return "\n".join(lines) + "\n"
 

@@ -150,6 +150,7 @@ def test_summary_aggregates_seeds_and_pairs_them():
     results += [run("bert", k, 58 + k, 51 + k, "random") for k in range(3)]
     results += [run("crossbert", k, 61 + 2 * k, 50 - k, "main") for k in range(3)]
     results += [run("crossbert", k, 60, 50, "random") for k in range(3)]
+    results += [run("electra", k, 59 + 3 * k, 52, "main") for k in range(2)]  # two seeds only: pairs where both ran
     md = sweep.summarize(results)
     bert = next(line for line in md.splitlines() if line.startswith("| bert-4x256 |"))
     # trained 60, 62, 64 (mean 62, sd 2); twins 58, 59, 60 (59 ± 1); paired differences 2, 3, 4: mean 3, sd 1,
@@ -160,6 +161,11 @@ def test_summary_aggregates_seeds_and_pairs_them():
     # CrossBERT minus BERT, seed by seed: linear 1, 1, 1 (an interval of zero width); kNN 0, -1, -2
     cross = next(line for line in md.splitlines() if "crossbert − bert" in line)
     assert "| 3 | +1.0 [+1.0, +1.0] | -1.0 [-3.5, +1.5] | above / not distinguishable |" in cross
+    # CrossBERT minus ELECTRA over the seeds both have: linear 61 - 59 = 2 and 63 - 62 = 1 (mean 1.5, sd 0.707, 95%
+    # half-width 12.706 x 0.5 = 6.35); kNN 50 - 52 = -2 and 49 - 52 = -3
+    vs = next(line for line in md.splitlines() if "crossbert − electra" in line)
+    assert "| 2 | +1.5 [-4.9, +7.9] | -2.5 [-8.9, +3.9] | not distinguishable / not distinguishable |" in vs
+    assert "| electra − bert | 2 |" in md and "electra − crossbert" not in md
 
 
 def test_crossing_is_the_first_budget_above_the_twins_or_the_trend_extrapolated():
