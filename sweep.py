@@ -266,8 +266,9 @@ def fmt(xs, signed=False, places=1):
 def trend(points):
     """The least-squares line through (log2 FLOPs, trained − init) points, one per training seed and budget: its slope
     in points per doubling of FLOPs, with a 95% half-width, and the log2 FLOPs where it crosses 0, with a 95%
-    half-width (delta method; None for a flat line). None for fewer than 3 points or one budget. The crossing is an extrapolation when it lies beyond the
-    budgets measured: the line is an assumption there, so the range is a lower bound on the uncertainty."""
+    half-width (delta method; None for a flat line). None for fewer than 3 points or one budget. The crossing is an
+    extrapolation when it lies beyond the budgets measured: the line is an assumption there, so the range is a lower
+    bound on the uncertainty."""
     x, y = np.log2([p[0] for p in points]), np.array([p[1] for p in points], dtype=float)
     if len(x) < 3 or len(set(x)) < 2:
         return None
