@@ -173,10 +173,11 @@ class MaskedLM(nn.Module):
 
     def run_encoder(self, idx, pos, attn_mask=None, layers=()):
         """The encoder stack on embedding ids idx (N, T) at positions pos: final-normed states (N, T, C), and
-        those of `layers` (the final norm applied to each chosen block's output, so all are on one scale)."""
+        those of `layers` (the final norm applied to each chosen block's output, so all are on one scale; layer 0
+        is the token embeddings)."""
         rope = self.rope(pos)
         x = self.drop(self.wte(idx))
-        kept = []
+        kept = [self.ln_f(x)] if 0 in layers else []
         for i, block in enumerate(self.blocks, start=1):
             x = block(x, rope, attn_mask=attn_mask)
             if i in layers and i < self.config.n_layer:
@@ -210,7 +211,8 @@ class MaskedLM(nn.Module):
         return logits, loss
 
     def encode(self, idx, attention_mask=None, layers=None):
-        """Features of the unmasked input: (B, T, C) from the last layer, or a list for `layers` (1-based).
+        """Features of the unmasked input: (B, T, C) from the last layer, or a list for `layers`: 1..n_layer are the
+        blocks' outputs, and 0 the token embeddings, whose mean over a sentence is a bag of tokens (no context).
 
         attention_mask (B, T): 1 for real tokens, 0 for padding; padded keys are ignored,
         so a padded sequence gets the same features as the same sequence alone. Gradients
@@ -221,9 +223,10 @@ class MaskedLM(nn.Module):
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}; truncate the input")
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
         wanted = [self.config.n_layer] if layers is None else list(layers)
-        bad = [i for i in wanted if not 1 <= i <= self.config.n_layer]
+        bad = [i for i in wanted if not 0 <= i <= self.config.n_layer]
         if bad:
-            raise ValueError(f"layers {bad} out of range; the encoder has layers 1..{self.config.n_layer}")
+            raise ValueError(f"layers {bad} out of range; the encoder has layers 0..{self.config.n_layer} "
+                             "(0: the embeddings)")
         _, kept = self.run_encoder(self.vocab_ids(idx), torch.arange(T, device=idx.device), mask, set(wanted))
         by_layer = dict(zip(sorted(set(wanted)), kept))
         return by_layer[self.config.n_layer] if layers is None else [by_layer[i] for i in wanted]

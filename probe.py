@@ -3,7 +3,8 @@ Frozen evaluation: how usable are a backbone's features to simple probes?
 
 The backbone is frozen. Each sentence (or pair, encoded jointly as `a <|endoftext|> b`) becomes
 the mean of its last-layer states over its real tokens (features.py). With --layers, the features of
-layer i are the final norm applied to block i's output, so all layers are on one scale.
+layer i are the final norm applied to block i's output, so all layers are on one scale; layer 0 is the
+token embeddings, a bag of tokens without context, where a model's use of context starts.
 Two probes are fitted on the train split and scored on dev with each task's GLUE metric:
   - linear: closed-form ridge regression on standardised features onto one-hot targets (argmax),
     or onto the score for regression (STS-B); λ picked on a held-out part of train;
@@ -210,10 +211,11 @@ def probe_tasks(model, tasks, glue_dir=None, max_train=2000, batch_size=64, seed
 
 def parse_layers(spec, n_layer):
     if spec in ("last", "all"):
-        return [n_layer] if spec == "last" else list(range(1, n_layer + 1))
+        return [n_layer] if spec == "last" else list(range(n_layer + 1))
     layers = [int(x) for x in spec.split(",") if x.isdigit()]
-    if len(layers) != len(spec.split(",")) or not all(1 <= x <= n_layer for x in layers):
-        raise EvalError(f"--layers={spec}: use last, all, or layer numbers in 1..{n_layer} (e.g. 2,{n_layer})")
+    if len(layers) != len(spec.split(",")) or not all(0 <= x <= n_layer for x in layers):
+        raise EvalError(f"--layers={spec}: use last, all, or layer numbers in 0..{n_layer}, 0 being the embeddings "
+                        f"(e.g. 0,{n_layer})")
     return layers
 
 
@@ -237,7 +239,7 @@ def main(argv=None):
     add_model_args(p)
     p.add_argument("--tasks", default=",".join(GLUE), help="comma-separated GLUE names or folders of train/dev.tsv")
     p.add_argument("--glue_dir", default=None, help="GLUE in the official layout PATH/<TASK>/*.tsv (default: the hub)")
-    p.add_argument("--layers", default="last", help="last, all, or comma-separated layer numbers (1-based)")
+    p.add_argument("--layers", default="last", help="last, all, or comma-separated layer numbers (0: the embeddings, 1..n_layer: the blocks)")
     p.add_argument("--max_train", type=int, default=0, help="keep a random subset of this many train examples (0: all)")
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--out", default=None, help="write every score, λ, k, count and timing to this JSON file")

@@ -105,8 +105,12 @@ def test_encode_layers():
     hs = model.encode(idx, layers=[1, 2, 3])
     assert len(hs) == 3 and torch.equal(hs[-1], model.encode(idx))
     assert torch.equal(model.encode(idx, layers=[2])[0], hs[1]) and not torch.allclose(hs[0], hs[1])
-    with pytest.raises(ValueError, match="layers"):
-        model.encode(idx, layers=[0])
+    # layer 0: the token embeddings under the final norm, before any context
+    h0, h3 = model.encode(idx, layers=[0, 3])
+    assert torch.allclose(h0, model.ln_f(model.wte(model.vocab_ids(idx))), atol=1e-6) and torch.equal(h3, hs[-1])
+    for bad in (-1, 4):
+        with pytest.raises(ValueError, match="layers"):
+            model.encode(idx, layers=[bad])
     with pytest.raises(ValueError, match="block_size"):
         model.encode(torch.zeros(1, 33, dtype=torch.long))
 

@@ -165,7 +165,7 @@ def test_bad_input_gives_clear_errors(tmp_path):
     junk.write_text("not a checkpoint")
     fails([f"--ckpt={junk}", f"--glue_dir={glue}", "--tasks=CoLA"], str(junk), "not a checkpoint")
     fails([f"--ckpt={tmp_path / 'none.pt'}", f"--glue_dir={glue}", "--tasks=CoLA"], "none.pt")
-    fails(TINY + [f"--glue_dir={glue}", "--tasks=CoLA", "--layers=3"], "--layers=3", "1..2")
+    fails(TINY + [f"--glue_dir={glue}", "--tasks=CoLA", "--layers=3"], "--layers=3", "0..2")
 
 
 def test_cli_error_is_one_line_without_traceback(tmp_path):
@@ -187,12 +187,12 @@ def test_end_to_end_random_model(tmp_path):
                         "--layers=all", f"--out={tmp_path / 'p.json'}"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     rows = [line.split("|")[1:-1] for line in r.stdout.splitlines() if line.startswith("| ")]
-    for layer in ("1", "2"):
+    for layer in ("0", "1", "2"):
         names = [c[1].strip() for c in rows if c[0].strip() == layer]
         assert names == ["SST-2", "CoLA", "MRPC", "STS-B", "RTE", "WNLI", "mine", "**average**"]
     assert "STS-B: regression" in r.stdout
     out = json.loads((tmp_path / "p.json").read_text())
-    assert out["layers"] == [1, 2] and out["tasks"]["SST-2"]["n_train"] == 24 and out["tasks"]["mine"]["n_dev"] == 6
+    assert out["layers"] == [0, 1, 2] and out["tasks"]["SST-2"]["n_train"] == 24 and out["tasks"]["mine"]["n_dev"] == 6
     sst = out["tasks"]["SST-2"]["layers"]["2"]
     assert sst["dim"] == 32 and 0 <= sst["linear"]["score"] <= 100 and sst["knn"]["k"] in probe.KS
     assert set(out["tasks"]["MRPC"]["layers"]["1"]["knn"]["metrics"]) == {"f1", "acc"}
