@@ -239,7 +239,8 @@ def main(argv=None):
     add_model_args(p)
     p.add_argument("--tasks", default=",".join(GLUE), help="comma-separated GLUE names or folders of train/dev.tsv")
     p.add_argument("--glue_dir", default=None, help="GLUE in the official layout PATH/<TASK>/*.tsv (default: the hub)")
-    p.add_argument("--layers", default="last", help="last, all, or comma-separated layer numbers (0: the embeddings, 1..n_layer: the blocks)")
+    p.add_argument("--layers", default="last",
+                   help="last, all, or comma-separated layer numbers (0: the embeddings, 1..n_layer: the blocks)")
     p.add_argument("--max_train", type=int, default=0, help="keep a random subset of this many train examples (0: all)")
     p.add_argument("--batch_size", type=int, default=64)
     p.add_argument("--out", default=None, help="write every score, λ, k, count and timing to this JSON file")
