@@ -142,8 +142,8 @@ def configure(defaults, argv, types=None):
                 eq, text = "=", "True"  # a bare --flag turns a boolean setting on
             if not eq:
                 fail(f"{arg}: expected --key=value, e.g. --{key}=...")
-            try:
-                value = ast.literal_eval(text)
+            try:  # a text setting keeps the text as typed: --out_dir=2024 is "2024", --budgets=2.7e14 "2.7e14"
+                value = text if isinstance(config.get(key), str) else ast.literal_eval(text)
             except (ValueError, SyntaxError):
                 value = text
             set_key(key, value, arg)

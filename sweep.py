@@ -96,6 +96,8 @@ settings = dict(
     axes="main,mask,cms,predictor",
     families=",".join(MODELS),                # the models of the main comparison: bert,crossbert,electra
     seeds=0,                  # training seeds per main run (train.py's seed 1337, 1338, ...); 0 = the preset's
+    budgets="",               # a comma-separated subset of the preset's FLOP budgets, to 2 digits as in the run names
+                              # (e.g. 2.7e14: a long sweep's seeds at its largest budget first); "" = every budget
     # the primary instrument: task folders (train.tsv, dev.tsv), or a folder of them; their average is linear_avg/knn_avg
     tasks="../shared/devtasks",
     glue_tasks="SST-2,CoLA,MRPC,STS-B,RTE,WNLI",  # the paper's table, as glue_linear_avg/glue_knn_avg; "" = skip
@@ -144,9 +146,14 @@ def steps_for(s):
     return budget_steps(s["max_flops"], per_step) if s.get("max_flops") else s["max_iters"], per_step
 
 
-def plan(p, axes, families=tuple(MODELS), seeds=1):
+def short(flops):
+    """A FLOP budget to 2 digits, as run names and --budgets write it: 1.35e14 -> 1.4e14."""
+    return f"{flops:.2g}".replace("e+", "e")
+
+
+def plan(p, axes, families=tuple(MODELS), seeds=1, budgets=None):
     """[(name, axis, train.py settings)] for the preset; main runs once per training seed (name suffix -s1, -s2..).
-    A size that appears at several budgets gets the budget in its name."""
+    A size that appears at several budgets gets the budget in its name. budgets: only these ("2.7e14", ..)."""
     runs = []
     repeated = {size for size in p["sizes"] if p["sizes"].count(size) > 1}
     for i, (L, C, H) in enumerate(p["sizes"]):
@@ -155,7 +162,9 @@ def plan(p, axes, families=tuple(MODELS), seeds=1):
             cfg = make_config(dict(model_type="bert", n_layer=L, n_embd=C, n_head=H, block_size=p["block_size"],
                                     vocab_size=p["vocab_size"]))
             budget = p["tokens_per_param"] * param_counts(cfg, "bert")[0] * training_flops(cfg, "bert") / cfg.block_size
-        tag = f"-{budget:.2g}".replace("e+", "e") if (L, C, H) in repeated else ""
+        tag = f"-{short(budget)}" if (L, C, H) in repeated else ""
+        if budgets is not None and short(budget) not in budgets:
+            continue
         # seed by seed, every family at each seed: a sweep stopped part way has families to compare, paired by seed
         for k in range(seeds):
             for model_type in families:
@@ -500,7 +509,18 @@ def main(argv):
         if s[key] < 0:
             fail(f"--{key}={s[key]}: must be >= 0" + (" (0 = the preset's)" if key != "random_seeds" else ""))
     seeds = s["seeds"] or p.get("seeds", 1)
-    runs = plan(p, s["axes"].split(","), families, seeds)
+    budgets = None
+    if s["budgets"]:
+        everything = [short(r["max_flops"]) for _, axis, r in plan(p, ["main"]) if axis == "main"]
+        try:
+            budgets = {short(float(b)) for b in s["budgets"].split(",")}
+        except ValueError:
+            fail(f"--budgets={s['budgets']}: expected comma-separated FLOP counts, e.g. --budgets=2.7e14")
+        unknown = sorted(budgets - set(everything), key=float)
+        if unknown:
+            fail(f"--budgets: {', '.join(unknown)} not in preset {s['preset']}; its budgets are "
+                 f"{','.join(dict.fromkeys(everything))}")
+    runs = plan(p, s["axes"].split(","), families, seeds, budgets)
     extra = {k: v for k, v in (("dtype", p["dtype"]), ("eval_interval", p["eval_interval"])) if v}
 
     print(f"preset {s['preset']}: {len(runs)} runs on {p['dataset']}, {p['nproc']} process(es) each, into {out_dir}/")

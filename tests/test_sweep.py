@@ -63,6 +63,23 @@ def test_dry_run_prints_the_batch_split():
     assert "393216 tokens (8 x 2 x 48 rows)" in line  # 96 rows per GPU: two micro-steps of 48, not six of 16
 
 
+def test_budgets_select_a_subset_of_the_plan():
+    p = sweep.PRESETS["cpu-gutenberg"]
+    everything = sweep.plan(p, ["main"], seeds=3)
+    some = sweep.plan(p, ["main"], ("crossbert",), seeds=3, budgets={"1.4e14", "5.4e14"})
+    assert [n for n, _, _ in some] == [f"crossbert-4x256-{b}{s}" for b in ("1.4e14", "5.4e14") for s in ("", "-s1", "-s2")]
+    assert all(s in [e for _, _, e in everything] for _, _, s in some)  # the same settings, only fewer runs
+    r = subprocess.run([sys.executable, "sweep.py", "--preset=cpu-gutenberg", "--dry_run", "--budgets=1.35e14,3e14"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "3e14 not in preset cpu-gutenberg" in r.stderr
+    assert "its budgets are 3.4e13,6.8e13,1.4e14,2.7e14,5.4e14" in r.stderr
+    r = subprocess.run([sys.executable, "sweep.py", "--preset=cpu-gutenberg", "--dry_run", "--budgets=2.7e14",
+                        "--families=bert", "--seeds=2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert [x.split()[0] for x in r.stdout.splitlines() if x.startswith("  bert")] == \
+        ["bert-4x256-2.7e14", "bert-4x256-2.7e14-s1"]
+
+
 def test_power_laws_follow_the_budget():
     p = dict(sweep.PRESETS["cpu"], anchor=(1e13, 1e-3, 4096))
     small, big = (sweep.run_settings(p, 2, 64, 2, "bert", f) for f in (1e13, 1e15))

@@ -122,6 +122,9 @@ def test_configure_types_and_files(tmp_path, capsys):
     cfg = configure(defaults, [str(cfg_file), "--lr=1", "--flag=False", "--ratio=0.3", "--name=z"])
     assert cfg == {"lr": 1.0, "steps": 20, "name": "z", "flag": False, "ratio": 0.3}
     assert configure(defaults, ["--flag"])["flag"] is True  # a bare --flag turns a boolean on
+    # a text setting keeps what was typed, even when it reads as a number or a constant
+    assert configure(defaults, ["--name=2.70e14"])["name"] == "2.70e14"
+    assert configure(defaults, ["--name=None"])["name"] == "None"
     for argv, message in [(["--steps=1.5"], "steps must be a int"), (["--flag=1"], "flag must be a bool"),
                           (["--steps"], "expected --key=value"), (["nope.py"], "no such config file"),
                           (["--ratio=half"], "ratio must be a float")]:
