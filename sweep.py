@@ -151,17 +151,24 @@ def short(flops):
     return f"{flops:.2g}".replace("e+", "e")
 
 
+def size_budget(p, i):
+    """The training FLOPs of the preset's i-th size: its explicit budget, or tokens_per_param tokens per
+    parameter, counted on BERT (the baseline every budget is quoted for)."""
+    if p["flops"][i]:
+        return p["flops"][i]
+    L, C, H = p["sizes"][i]
+    cfg = make_config(dict(model_type="bert", n_layer=L, n_embd=C, n_head=H, block_size=p["block_size"],
+                           vocab_size=p["vocab_size"]))
+    return p["tokens_per_param"] * param_counts(cfg, "bert")[0] * training_flops(cfg, "bert") / cfg.block_size
+
+
 def plan(p, axes, families=tuple(MODELS), seeds=1, budgets=None):
     """[(name, axis, train.py settings)] for the preset; main runs once per training seed (name suffix -s1, -s2..).
     A size that appears at several budgets gets the budget in its name. budgets: only these ("2.7e14", ..)."""
     runs = []
     repeated = {size for size in p["sizes"] if p["sizes"].count(size) > 1}
     for i, (L, C, H) in enumerate(p["sizes"]):
-        budget = p["flops"][i]
-        if not budget:  # tokens per parameter, counted on BERT (the baseline every budget is quoted for)
-            cfg = make_config(dict(model_type="bert", n_layer=L, n_embd=C, n_head=H, block_size=p["block_size"],
-                                    vocab_size=p["vocab_size"]))
-            budget = p["tokens_per_param"] * param_counts(cfg, "bert")[0] * training_flops(cfg, "bert") / cfg.block_size
+        budget = size_budget(p, i)
         tag = f"-{short(budget)}" if (L, C, H) in repeated else ""
         if budgets is not None and short(budget) not in budgets:
             continue
@@ -511,7 +518,7 @@ def main(argv):
     seeds = s["seeds"] or p.get("seeds", 1)
     budgets = None
     if s["budgets"]:
-        everything = [short(r["max_flops"]) for _, axis, r in plan(p, ["main"]) if axis == "main"]
+        everything = [short(size_budget(p, i)) for i in range(len(p["sizes"]))]
         try:
             budgets = {short(float(b)) for b in s["budgets"].split(",")}
         except ValueError:
