@@ -18,32 +18,45 @@ import torch
 from masking import view_shape
 
 
-def self_block_flops(C, S):
-    """Forward FLOPs of one self-attention block over S tokens of width C."""
-    # q 2SC^2, kv 4SC^2, proj 2SC^2, MLP 16SC^2; QK^T and AV 2S^2C each
-    return 24 * S * C * C + 4 * S * S * C
+def mlp_params(config):
+    """The MLP's weights: fc (a value and, for geglu, a gate) and proj."""
+    return (3 if config.mlp == "geglu" else 2) * config.n_embd * config.mlp_hidden
 
 
-def cross_block_flops(C, Q, S):
+def self_block_flops(config, S):
+    """Forward FLOPs of one self-attention block over S tokens, of the config's width and MLP."""
+    C = config.n_embd
+    # q 2SC^2, kv 4SC^2, proj 2SC^2, the MLP 2 x its weights per token; QK^T and AV 2S^2C each
+    return 8 * S * C * C + 2 * S * mlp_params(config) + 4 * S * S * C
+
+
+def cross_block_flops(config, Q, S):
     """Forward FLOPs of one cross-attention block: Q queries over S keys."""
-    # q and proj on the queries 4QC^2, kv on the keys 4SC^2, MLP 16QC^2, attention 4QSC
-    return 20 * Q * C * C + 4 * S * C * C + 4 * Q * S * C
+    C = config.n_embd
+    # q and proj on the queries 4QC^2, kv on the keys 4SC^2, the MLP on the queries, attention 4QSC
+    return 4 * Q * C * C + 4 * S * C * C + 2 * Q * mlp_params(config) + 4 * Q * S * C
+
+
+def lm_head_flops(config, M):
+    """Forward FLOPs of the LM head at M positions: the prediction head's dense, then the tied decoder."""
+    C = config.n_embd
+    return 2 * M * C * C * config.lm_head + 2 * M * C * config.vocab_size
 
 
 def forward_flops(config, model_type):
     """Forward FLOPs for one input row (all its views)."""
     C, T, L = config.n_embd, config.block_size, config.n_layer
     V, K, M = view_shape(T, config.mask_ratio, config.cms)
-    head = 2 * M * C * config.vocab_size  # tied LM head, at the target positions only
+    head = lm_head_flops(config, M)  # at the target positions only
     if model_type == "bert":
-        per_view = L * self_block_flops(C, T) + head
+        per_view = L * self_block_flops(config, T) + head
     elif model_type == "crossbert":
-        per_view = L * self_block_flops(C, K) + config.pred_layer * cross_block_flops(C, M, K) + head
+        per_view = L * self_block_flops(config, K) + config.pred_layer * cross_block_flops(config, M, K) + head
     else:  # ELECTRA: the generator (projections in at T positions and out at M, its blocks, the LM head), then the
         # discriminator over all T positions and its one-logit RTD head
         G = config.gen_embd
-        generator = 2 * T * C * G + config.gen_layer * self_block_flops(G, T) + 2 * M * G * C + head
-        per_view = generator + L * self_block_flops(C, T) + 2 * T * C
+        generator = 2 * T * C * G + config.gen_layer * self_block_flops(config.gen_config, T) + 2 * M * G * C + head
+        per_view = generator + L * self_block_flops(config, T) + 2 * T * C
     return V * per_view
 
 
@@ -65,19 +78,20 @@ def flops_per_position(config, model_type):
 
 def inference_flops_per_token(config):
     """Forward FLOPs per token of encode(): the encoder on the full, unmasked sequence."""
-    return config.n_layer * self_block_flops(config.n_embd, config.block_size) / config.block_size
+    return config.n_layer * self_block_flops(config, config.block_size) / config.block_size
 
 
 def param_counts(config, model_type):
-    """(total, non-embedding) parameters; the LM head is tied to the embedding."""
+    """(total, non-embedding) parameters; the decoder is tied to the embedding."""
     C = config.n_embd
-    block = 12 * C * C + 2 * C  # attention 4C^2, MLP 8C^2, two bias-free norms
-    body = config.n_layer * block + C  # + final norm
+    block = lambda cfg: 4 * cfg.n_embd ** 2 + mlp_params(cfg) + 2 * cfg.n_embd  # attention, MLP, two bias-free norms
+    body = config.n_layer * block(config) + C  # + final norm
+    body += C * config.emb_norm + (C * C + C) * config.lm_head + config.vocab_size * config.decoder_bias
     if model_type == "crossbert":
-        body += config.pred_layer * block + C + C  # predictor, its norm, the mask query
+        body += config.pred_layer * block(config) + C + C  # predictor, its norm, the mask query
     if model_type == "electra":
         G = config.gen_embd
-        body += 2 * C * G + config.gen_layer * (12 * G * G + 2 * G) + G  # projections, generator blocks, its norm
+        body += 2 * C * G + config.gen_layer * block(config.gen_config) + G  # projections, generator blocks, its norm
         body += C + 1  # the RTD head
     return body + config.vocab_size * C, body
 

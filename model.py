@@ -62,6 +62,11 @@ class ModelConfig:
     dropout: float = 0.0
     init_std: float = 0.02          # the paper lowered it to stabilise its largest model
     rope_base: float = 10000.0
+    # the block, shared by the three models (each part measured against HF ModernBERT trained identically: docs/block.md)
+    mlp: str = "geglu"              # geglu: a GELU-gated MLP of hidden width mlp_hidden; gelu: GELU, 4 x n_embd wide
+    emb_norm: bool = True           # LayerNorm on the token embeddings
+    lm_head: bool = True            # the MLM prediction head (dense, GELU, LayerNorm) before the tied decoder
+    decoder_bias: bool = True       # a bias on the tied decoder's logits: the token frequencies live there
     mask_token_id: int | None = None  # <mask>'s row; None: GPT-2's 50257, or vocab_size - 2 in a compact
                                       # vocabulary (the layout of data/tokenizer.compact_vocab)
     mask_ratio: float | None = None # None: BERT 0.2, CrossBERT 0.5, ELECTRA 0.15 (ELECTRA's own)
@@ -84,6 +89,8 @@ class ModelConfig:
             fits = next(h for h in range(self.n_head, 0, -1) if self.n_embd % h == 0 and (self.n_embd // h) % 2 == 0)
             raise ValueError(f"n_embd={self.n_embd} must split into n_head={self.n_head} heads of an even size "
                              f"(rotary embeddings rotate pairs); e.g. n_head={fits}")
+        if self.mlp not in ("geglu", "gelu"):
+            raise ValueError(f"mlp={self.mlp!r}: expected geglu or gelu")
         if not 4 <= self.vocab_size <= self.token_ids:
             raise ValueError(f"vocab_size={self.vocab_size}: a compact vocabulary has 4 to {self.token_ids} ids "
                              "(0 in the scripts' settings: GPT-2's full vocabulary)")
@@ -114,10 +121,22 @@ class ModelConfig:
         view_shape(self.block_size, self.mask_ratio, self.cms)  # raises if the views cannot be cut
 
     @property
+    def mlp_hidden(self):
+        """The MLP's hidden width: 4 x n_embd for gelu; for geglu 8/3 x n_embd rounded to a multiple of 32 (at least
+        32), so its three matrices hold as many parameters, and cost as many FLOPs, as gelu's two (our choice)."""
+        return 4 * self.n_embd if self.mlp == "gelu" else max(32, round(8 * self.n_embd / 3 / 32) * 32)
+
+    @property
     def gen_embd(self):
         """ELECTRA's generator width: gen_width x n_embd, rounded to whole heads of the discriminator's head size
         (so both share the RoPE tables), at least one head."""
         return max(1, round(self.gen_width * self.n_head)) * (self.n_embd // self.n_head)
+
+    @property
+    def gen_config(self):
+        """The config of ELECTRA's generator blocks: a narrow BERT with the discriminator's head size."""
+        head_size = self.n_embd // self.n_head
+        return replace(self, model_type="bert", n_embd=self.gen_embd, n_head=self.gen_embd // head_size)
 
 
 def make_config(settings):
@@ -145,9 +164,13 @@ class MaskedLM(nn.Module):
                              f"got model_type={config.model_type!r}")
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.ln_e = nn.LayerNorm(config.n_embd, bias=False) if config.emb_norm else nn.Identity()
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, bias=False)
+        # the LM head: (the prediction head, then) the decoder, tied to wte, (with a bias)
+        self.head = PredictionHead(config) if config.lm_head else nn.Identity()
+        self.decoder_bias = nn.Parameter(torch.zeros(config.vocab_size)) if config.decoder_bias else None
         cos, sin = rope_tables(config)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
@@ -163,6 +186,10 @@ class MaskedLM(nn.Module):
                 scale = 1 / math.sqrt(2 * self.config.n_layer) if name.endswith("proj.weight") else 1
                 nn.init.normal_(p, mean=0.0, std=std * scale)
 
+    def embed(self, idx):
+        """Token embeddings (N, T, C) of embedding ids idx (N, T)."""
+        return self.drop(self.ln_e(self.wte(idx)))
+
     def vocab_ids(self, idx):
         """Token ids as the embedding's row ids (the same, unless the vocabulary is compact)."""
         return idx if self.vocab_map is None else self.vocab_map[idx]
@@ -176,7 +203,7 @@ class MaskedLM(nn.Module):
         those of `layers` (the final norm applied to each chosen block's output, so all are on one scale; layer 0
         is the token embeddings)."""
         rope = self.rope(pos)
-        x = self.drop(self.wte(idx))
+        x = self.embed(idx)
         kept = [self.ln_f(x)] if 0 in layers else []
         for i, block in enumerate(self.blocks, start=1):
             x = block(x, rope, attn_mask=attn_mask)
@@ -204,8 +231,8 @@ class MaskedLM(nn.Module):
         return loss, {}
 
     def lm_loss(self, h, idx, target_pos):
-        """Tied LM head on the states h (N, M, C) at target_pos (N, M); cross-entropy against idx's ids there."""
-        logits = F.linear(h, self.wte.weight)
+        """The LM head on the states h (N, M, C) at target_pos (N, M); cross-entropy against idx's ids there."""
+        logits = F.linear(self.head(h), self.wte.weight, self.decoder_bias)
         labels = idx.gather(1, target_pos)
         loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
         return logits, loss
@@ -290,12 +317,11 @@ class ELECTRA(MaskedLM):
     def __init__(self, config):
         super().__init__(config)
         C = config.n_embd
-        # the generator is a narrow BERT, with the discriminator's head size
-        g = replace(config, model_type="bert", n_embd=config.gen_embd, n_head=config.gen_embd // (C // config.n_head))
+        g = config.gen_config  # a narrow BERT, with the discriminator's head size
         self.gen_in = nn.Linear(C, g.n_embd, bias=False)   # the shared embeddings, down to the generator's width
         self.generator = nn.ModuleList(Block(g) for _ in range(config.gen_layer))
         self.ln_g = nn.LayerNorm(g.n_embd, bias=False)
-        self.gen_out = nn.Linear(g.n_embd, C, bias=False)  # and back up, for the tied LM head
+        self.gen_out = nn.Linear(g.n_embd, C, bias=False)  # and back up, for the LM head
         self.rtd_head = nn.Linear(C, 1)                    # per position: was this token replaced?
         self.init_weights()
 
@@ -304,7 +330,7 @@ class ELECTRA(MaskedLM):
         <mask> at target_pos (N, M). Returns its logits (N, M, vocab) there and its loss."""
         T = idx.size(1)
         rope = self.rope(torch.arange(T, device=idx.device))
-        x = self.gen_in(self.drop(self.wte(corrupt(idx, target_pos, self.config.mask_token_id))))
+        x = self.gen_in(self.embed(corrupt(idx, target_pos, self.config.mask_token_id)))
         for block in self.generator:
             x = block(x, rope)
         x = x.gather(1, target_pos[..., None].expand(-1, -1, x.size(-1)))  # (N, M, Cg): only targets need the head
@@ -393,13 +419,19 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    """GeGLU (as ModernBERT's): fc makes a value and a gate, and GELU(gate) scales the value; or a plain GELU MLP."""
+
     def __init__(self, config):
         super().__init__()
-        self.fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
-        self.proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
+        self.gated = config.mlp == "geglu"
+        self.fc = nn.Linear(config.n_embd, (2 if self.gated else 1) * config.mlp_hidden, bias=False)
+        self.proj = nn.Linear(config.mlp_hidden, config.n_embd, bias=False)
 
     def forward(self, x):
-        return self.proj(F.gelu(self.fc(x)))
+        if not self.gated:
+            return self.proj(F.gelu(self.fc(x)))
+        value, gate = self.fc(x).chunk(2, dim=-1)
+        return self.proj(value * F.gelu(gate))
 
 
 class Block(nn.Module):
@@ -419,3 +451,16 @@ class Block(nn.Module):
             mem, rope_mem = h, rope
         x = x + self.drop(self.attn(h, rope, mem, rope_mem, attn_mask))
         return x + self.drop(self.mlp(self.ln_2(x)))
+
+
+class PredictionHead(nn.Module):
+    """The MLM prediction head (BERT's and ModernBERT's): one more transform between the last states and the tied
+    decoder, so the layer that the probes read need not be the decoder's input."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.dense = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.ln = nn.LayerNorm(config.n_embd, bias=False)
+
+    def forward(self, h):
+        return self.ln(F.gelu(self.dense(h)))

@@ -107,7 +107,7 @@ def test_encode_layers():
     assert torch.equal(model.encode(idx, layers=[2])[0], hs[1]) and not torch.allclose(hs[0], hs[1])
     # layer 0: the token embeddings under the final norm, before any context
     h0, h3 = model.encode(idx, layers=[0, 3])
-    assert torch.allclose(h0, model.ln_f(model.wte(model.vocab_ids(idx))), atol=1e-6) and torch.equal(h3, hs[-1])
+    assert torch.allclose(h0, model.ln_f(model.embed(model.vocab_ids(idx))), atol=1e-6) and torch.equal(h3, hs[-1])
     for bad in (-1, 4):
         with pytest.raises(ValueError, match="layers"):
             model.encode(idx, layers=[bad])
