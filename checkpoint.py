@@ -13,6 +13,9 @@ import torch
 
 from model import MODELS, ModelConfig
 
+# checkpoints written before the block's parts were settings hold this block (a plain GELU MLP, nothing else)
+BLOCK_BEFORE = dict(mlp="gelu", emb_norm=False, lm_head=False, decoder_bias=False)
+
 
 def save_checkpoint(path, ckpt):
     """Write the dict ckpt to path atomically: a crash mid-write leaves the previous checkpoint intact, and a Ctrl-C
@@ -54,6 +57,7 @@ def read_checkpoint(path, device="cpu"):
     if not isinstance(ckpt, dict) or not {"model", "model_type", "model_args"} <= ckpt.keys():
         raise ValueError(f"{path} is not a checkpoint written by train.py (no model/model_type/model_args); "
                          "pass the ckpt.pt from a training run's out_dir")
+    ckpt["model_args"] = {**BLOCK_BEFORE, **ckpt["model_args"]}
     bad = [k for k, v in ckpt["model"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
     if bad:
         raise ValueError(f"{path} holds non-finite weights ({', '.join(bad[:3])}): it is corrupted or its run "

@@ -56,6 +56,10 @@ random_replace = False        # BERT's 80/10/10 corruption
 gen_width = 0.25              # ELECTRA's generator width, a fraction of n_embd (rounded to whole heads)
 gen_layer = None              # ELECTRA's generator depth; None = n_layer
 rtd_weight = 50.0             # ELECTRA's loss: generator MLM + rtd_weight x replaced-token detection
+mlp = "geglu"                 # the block: geglu (gated, as ModernBERT's) | gelu (the plain 4 x n_embd MLP)
+emb_norm = True               # LayerNorm on the token embeddings
+lm_head = True                # the MLM prediction head (dense, GELU, LayerNorm) before the tied decoder
+decoder_bias = True           # a bias on the decoder's logits
 dropout = 0.0
 init_std = 0.02
 vocab_size = 8192             # 0 = GPT-2's 50,304 ids; K = a compact vocabulary, the train split's K - 3 most

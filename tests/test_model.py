@@ -143,6 +143,71 @@ def test_analytic_flops_match_flop_counter(model_type, mask_ratio, cms, shape):
     assert measured == training_flops(model.config, model_type, B)  # exact: both count the same matmuls
 
 
+OLD_BLOCK = dict(mlp="gelu", emb_norm=False, lm_head=False, decoder_bias=False)  # the block before the ablation
+
+
+@pytest.mark.parametrize("model_type", ["bert", "crossbert", "electra"])
+@pytest.mark.parametrize("part", ["old", "mlp", "emb_norm", "lm_head", "decoder_bias"])
+def test_each_part_of_the_block_is_counted(model_type, part):
+    # the old block, and the new one with each part turned back: parameters and FLOPs still exact
+    block = OLD_BLOCK if part == "old" else {"mlp": "gelu"} if part == "mlp" else {part: False}
+    model = tiny(model_type, n_layer=4, vocab_size=512, mask_token_id=510, gen_width=0.5, **block)
+    total, body = param_counts(model.config, model_type)
+    assert total == model.num_params() and body == model.num_params(non_embedding=True)
+    idx = torch.randint(0, 500, (2, 32))
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(idx)[0].backward()
+    assert counter.get_total_flops() == training_flops(model.config, model_type, 2)
+
+
+def test_geglu_matches_gelu_in_parameters_and_gates_its_value():
+    from model import MLP
+    for C in (128, 256, 384, 512, 768, 1024):
+        geglu, gelu = (ModelConfig(n_embd=C, n_head=4, mlp=m) for m in ("geglu", "gelu"))
+        assert geglu.mlp_hidden % 32 == 0 and gelu.mlp_hidden == 4 * C
+        assert abs(geglu.mlp_hidden - 8 * C / 3) <= 16  # equal parameters and FLOPs, up to rounding to 32
+    assert ModelConfig(n_embd=768, n_head=12).mlp_hidden == 2048
+    torch.manual_seed(0)
+    mlp = MLP(ModelConfig(n_embd=64, n_head=2))
+    x = torch.randn(3, 5, 64)
+    value, gate = x @ mlp.fc.weight[:mlp.proj.in_features].T, x @ mlp.fc.weight[mlp.proj.in_features:].T
+    assert torch.allclose(mlp(x), (value * torch.nn.functional.gelu(gate)) @ mlp.proj.weight.T, atol=1e-6)
+
+
+def test_init_statistics():
+    torch.manual_seed(0)
+    model = MODELS["bert"](ModelConfig(model_type="bert", n_layer=8, n_head=8, n_embd=512, vocab_size=4096))
+    p = dict(model.named_parameters())
+    for name, std in [("wte.weight", 0.02), ("blocks.0.attn.q.weight", 0.02), ("blocks.3.mlp.fc.weight", 0.02),
+                      ("head.dense.weight", 0.02), ("blocks.0.attn.proj.weight", 0.02 / 4),  # 1 / sqrt(2 x 8 layers)
+                      ("blocks.7.mlp.proj.weight", 0.02 / 4)]:
+        assert p[name].std().item() == pytest.approx(std, rel=0.03) and abs(p[name].mean().item()) < std / 20, name
+    assert torch.equal(p["decoder_bias"], torch.zeros(4096))
+    assert all(torch.equal(v, torch.ones_like(v)) for n, v in p.items() if ".ln" in n or n.startswith("ln"))
+
+
+def test_lm_head_is_tied_to_the_embeddings_and_normalises_its_input():
+    model = tiny("bert", vocab_size=512, mask_token_id=510)
+    # one (vocab, C) matrix in the whole model: the decoder is the embedding table
+    assert [n for n, v in model.named_parameters() if v.shape == (512, 32)] == ["wte.weight"]
+    h = torch.randn(2, 5, 32)
+    idx = torch.randint(0, 500, (2, 32))
+    target = torch.arange(5).expand(2, 5)
+    with torch.no_grad():
+        model.decoder_bias.normal_()
+        logits, _ = model.lm_loss(h, idx, target)
+        head = model.head.ln(torch.nn.functional.gelu(h @ model.head.dense.weight.T))
+        assert torch.allclose(logits, head @ model.wte.weight.T + model.decoder_bias, atol=1e-5)
+        assert torch.allclose(head.std(-1, unbiased=False), torch.ones(2, 5), atol=0.01)  # the head's norm (eps)
+        model.wte.weight.mul_(2)  # the decoder follows the embeddings
+        assert torch.allclose(model.lm_loss(h, idx, target)[0], head @ model.wte.weight.T + model.decoder_bias,
+                              atol=1e-5)
+    # the embedding norm: each token's embedding at zero mean and unit variance, whatever the table's scale
+    e = model.embed(idx)
+    assert torch.allclose(e.mean(-1), torch.zeros(2, 32), atol=1e-5) and torch.allclose(e.std(-1, unbiased=False),
+                                                                                         torch.ones(2, 32), atol=0.01)
+
+
 @pytest.mark.parametrize("model_type", ["bert", "crossbert", "electra"])
 def test_overfits_one_batch(model_type):
     torch.manual_seed(0)
@@ -283,7 +348,7 @@ def test_model_config_refuses_shapes_no_model_can_have():
                          (dict(n_embd=30, n_head=2), "heads of an even size"), (dict(n_layer=0), "n_layer=0"),
                          (dict(pred_layer=0), "pred_layer=0"), (dict(gen_width=1.5), "gen_width=1.5"),
                          (dict(mask_ratio=1.0), "mask_ratio=1.0"), (dict(vocab_size=2), "vocab_size=2"),
-                         (dict(block_size=33), "CMS")]:
+                         (dict(block_size=33), "CMS"), (dict(mlp="swiglu"), "mlp='swiglu'")]:
         with pytest.raises(ValueError, match=message):
             make_config({"model_type": "crossbert", **TINY, **bad})
     # a script's settings: other keys are ignored, and vocab_size 0 is GPT-2's full vocabulary
