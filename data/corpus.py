@@ -52,6 +52,10 @@ def read_files(input, text_key="text"):
                 yield data.decode("utf-8")
             elif path.endswith(".parquet"):
                 import pyarrow.parquet as pq  # comes with `datasets`
+                columns = pq.ParquetFile(path).schema_arrow.names
+                if text_key not in columns:  # pyarrow's own error is an IndexError that names neither
+                    raise EvalError(f"{path} has no column {text_key!r} (its columns: {', '.join(columns)}); "
+                                    "pass --text_key= with the one that holds the text")
                 for batch in pq.ParquetFile(path).iter_batches(batch_size=1024, columns=[text_key]):
                     yield from batch.column(0).to_pylist()
             else:
@@ -61,6 +65,8 @@ def read_files(input, text_key="text"):
                             yield json.loads(row.decode("utf-8"))[text_key]
         except UnicodeDecodeError as e:
             raise EvalError(f"{not_utf8(path, e, n)}, or remove it from --input") from None
+        except EvalError:
+            raise
         except (OSError, ValueError, KeyError, TypeError) as e:  # JSON errors are ValueErrors
             where = f"{path}, line {n}" if n else path
             raise EvalError(f"cannot read {where}: {e!r}. Convert it to UTF-8 text (with a {text_key!r} field in "

@@ -111,10 +111,16 @@ def test_prepare_command_line(tmp_path):
     # the glob matched b.jsonl alone (not c.jsonl.gz): its first row is train, its second val
     assert decode(read_bin(tmp_path / "out" / "train.bin")) == docs[1] + SEP
     assert decode(read_bin(tmp_path / "out" / "val.bin")) == docs[2] + SEP
+    # a parquet file without the text column: one line that names the file, its columns and --text_key, no files
+    r = subprocess.run([sys.executable, "data/local/prepare.py", f"--input={tmp_path / 'in' / '*.parquet'}",
+                        f"--out_dir={tmp_path / 'out2'}", "--text_key=body"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert "d.parquet has no column 'body' (its columns: text); pass --text_key=" in r.stderr
+    assert not (tmp_path / "out2").exists()
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "binary", "invalid utf-8", "bad json", "no text field",
-                                  "unsupported file", "too few documents", "val_every 1"])
+                                  "parquet without the text column", "unsupported file", "too few documents", "val_every 1"])
 def test_prepare_bad_input(tmp_path, case):
     src = tmp_path / "in"
     make_corpus(src)
@@ -140,6 +146,11 @@ def test_prepare_bad_input(tmp_path, case):
     elif case == "no text field":
         (src / "z.jsonl").write_text('{"body": "ok"}\n')
         match = r"z.jsonl, line 1: KeyError\('text'\).*--text_key"
+    elif case == "parquet without the text column":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        pq.write_table(pa.table({"id": [1], "body": ["ok"]}), src / "z.parquet")
+        match = r"z.parquet has no column 'text' \(its columns: id, body\); pass --text_key="
     elif case == "unsupported file":
         input, match = str(src / "notes.md"), "unsupported file type"
     elif case == "too few documents":
