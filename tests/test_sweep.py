@@ -16,7 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_dry_run_trains_nothing(tmp_path):
     out = tmp_path / "sw"
-    r = subprocess.run([sys.executable, "sweep.py", "--preset=cpu", "--dry_run", f"--out_dir={out}"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "experiments/sweep.py", "--preset=cpu", "--dry_run", f"--out_dir={out}"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "bert-4x128" in r.stdout and "crossbert-4x128" in r.stdout and "minutes" in r.stdout
@@ -56,7 +56,7 @@ def test_every_run_has_a_micro_batch_that_fills_the_device(preset, nproc):
 
 
 def test_dry_run_prints_the_batch_split():
-    r = subprocess.run([sys.executable, "sweep.py", "--preset=gpu", "--dry_run"], cwd=ROOT, capture_output=True,
+    r = subprocess.run([sys.executable, "experiments/sweep.py", "--preset=gpu", "--dry_run"], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if x.strip().startswith("bert-16x1024 "))
@@ -69,11 +69,11 @@ def test_budgets_select_a_subset_of_the_plan():
     some = sweep.plan(p, ["main"], ("crossbert",), seeds=3, budgets={"1.4e14", "5.4e14"})
     assert [n for n, _, _ in some] == [f"crossbert-4x256-{b}{s}" for b in ("1.4e14", "5.4e14") for s in ("", "-s1", "-s2")]
     assert all(s in [e for _, _, e in everything] for _, _, s in some)  # the same settings, only fewer runs
-    r = subprocess.run([sys.executable, "sweep.py", "--preset=cpu-gutenberg", "--dry_run", "--budgets=1.35e14,3e14"],
+    r = subprocess.run([sys.executable, "experiments/sweep.py", "--preset=cpu-gutenberg", "--dry_run", "--budgets=1.35e14,3e14"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "3e14 not in preset cpu-gutenberg" in r.stderr
     assert "its budgets are 3.4e13,6.8e13,1.4e14,2.7e14,5.4e14" in r.stderr
-    r = subprocess.run([sys.executable, "sweep.py", "--preset=cpu-gutenberg", "--dry_run", "--budgets=2.7e14",
+    r = subprocess.run([sys.executable, "experiments/sweep.py", "--preset=cpu-gutenberg", "--dry_run", "--budgets=2.7e14",
                         "--families=bert", "--seeds=2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert [x.split()[0] for x in r.stdout.splitlines() if x.startswith("  bert")] == \

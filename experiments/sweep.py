@@ -2,10 +2,10 @@
 The paper's comparison at your scale: BERT, CrossBERT and ELECTRA families trained at matched training
 FLOPs, every final checkpoint probed frozen, next to random-init twins of the same shape.
 
-    python sweep.py --preset=cpu --dry_run           # the plan: runs, FLOPs, estimated time; trains nothing
-    python sweep.py --preset=cpu                      # 2 CPU cores, under an hour; writes sweep-cpu/
-    python sweep.py --preset=gpu --nproc=8            # one 8-GPU node over the paper's range (needs DCLM, see below)
-    python sweep.py --preset=cpu --tasks=path/a,path/b   # probe your own task folders instead of GLUE
+    python experiments/sweep.py --preset=cpu --dry_run      # the plan: runs, FLOPs, estimated time; trains nothing
+    python experiments/sweep.py --preset=cpu                # 2 CPU cores, under an hour; writes sweep-cpu/
+    python experiments/sweep.py --preset=gpu --nproc=8      # one 8-GPU node over the paper's range (needs DCLM)
+    python experiments/sweep.py --preset=cpu --tasks=path/a,path/b   # probe your own task folders
 
 For each size, the BERT, CrossBERT and ELECTRA runs get the same FLOP budget (train.py's max_flops, counted
 by flops.py): a tokens-per-parameter rule or the preset's explicit budgets. Batch size and learning rate
@@ -32,6 +32,8 @@ import time
 import numpy as np
 import torch
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo root: train.py, data/
+sys.path.insert(0, ROOT)
 from configurator import check_writable, configure, fail, user_errors
 from flops import budget_steps, param_counts, training_flops
 from checkpoint import load_checkpoint
@@ -83,7 +85,7 @@ PRESETS = {
         step_s=0.0,
         overhead_s=300,
         # rows per micro-step per GPU, at most: 64 rows of the largest size took 65 (BERT), 97 (CrossBERT) and
-        # 75 GiB (ELECTRA) at peak on one H200 (eager bf16, results/gpu/); on 80 GB GPUs pass --micro_batch=32
+        # 75 GiB (ELECTRA) at peak on one H200 (eager bf16, experiments/results/gpu/); on 80 GB GPUs pass --micro_batch=32
         micro_batch=64,
         probe_max_train=20000, eval_interval=1000, nproc=8,
     ),
@@ -211,7 +213,7 @@ def train(name, s, run_dir, nproc, compile):
     with open(os.path.join(run_dir, "train.log"), "a") as f:
         f.write(" ".join(cmd) + "\n")
         f.flush()
-        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=os.path.dirname(os.path.abspath(__file__)))
+        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
     if done.returncode:
         sys.exit(f"sweep: run {name} failed (exit {done.returncode}); see {run_dir}/train.log, then rerun "
                  "the same command to continue the sweep")
@@ -556,7 +558,7 @@ def main(argv):
     if not tasks:
         fail("--tasks is empty: the sweep needs the tasks its primary average is taken over")
     check_writable(out_dir, "--out_dir")
-    data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", p["dataset"])
+    data_dir = os.path.join(ROOT, "data", p["dataset"])
     if p["dataset"] != "tinybooks" and not os.path.exists(os.path.join(data_dir, "val.bin")):
         fail(f"data/{p['dataset']} is not prepared; prepare it first, e.g. python data/local/prepare.py "
              f"--input=../shared/corpus/{p['dataset']} --out_dir=data/{p['dataset']} (or a data/<corpus>/prepare.py)")

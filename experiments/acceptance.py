@@ -1,6 +1,6 @@
 """
 The GPU acceptance run: one command that shows, on the first GPU it meets, that the GPU path works and what
-it gives, in about 8 minutes on one H200, and writes results/gpu/<device>.md (and .json):
+it gives, in about 8 minutes on one H200, and writes experiments/results/gpu/<device>.md (and .json):
 
   1. bench.py at BERT-base shape (12 x 768, T = 512) for BERT, CrossBERT and ELECTRA: tokens/s, MFU, peak
      memory, and the flash check (a training step and encode() with only FlashAttention allowed);
@@ -9,9 +9,9 @@ it gives, in about 8 minutes on one H200, and writes results/gpu/<device>.md (an
      full vocabulary, the budget sized to the time left, batch and learning rate from sweep.py's gpu power laws;
   4. both checkpoints probed like their twins, and the time each part took.
 
-    python acceptance.py                     # a GPU, with ../shared (the Gutenberg corpus, the devtasks)
-    python acceptance.py --smoke             # tiny shapes on the CPU, about a minute: the same code path
-    python acceptance.py --minutes=20 --corpus=path/to/texts --tasks=path/to/task_folders
+    python experiments/acceptance.py         # a GPU, with ../shared (the Gutenberg corpus, the devtasks)
+    python experiments/acceptance.py --smoke # tiny shapes on the CPU, about a minute: the same code path
+    python experiments/acceptance.py --minutes=20 --corpus=path/to/texts --tasks=path/to/task_folders
 
 Every part is written to the report as soon as it ends, and a part that fails is reported, not fatal, so a run
 cut short still says what it measured.
@@ -26,6 +26,8 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo root: bench.py, train.py, data/
+sys.path.insert(0, ROOT)
 import bench
 from checkpoint import load_checkpoint
 from configurator import check_writable, configure, fail, user_errors
@@ -36,7 +38,6 @@ from model import MODELS, make_config
 from probe import probe
 from sweep import PRESETS, run_settings, steps_for, train
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
 settings = dict(
     smoke=False,              # tiny shapes, the built-in corpus, CPU-sized budgets: checks the path, measures nothing
     minutes=8.0,              # the whole run's target wall time; the pair's FLOP budget is what is left of it ...
@@ -50,7 +51,7 @@ settings = dict(
     tasks="../shared/devtasks",  # a folder of task folders (train.tsv, dev.tsv), or a comma-separated list of them
     max_train=10000,          # training examples per task for the probes (a seeded subset)
     random_seeds=2,           # random-init twins per model
-    report="",                # "" = results/gpu/<device>.md
+    report="",                # "" = experiments/results/gpu/<device>.md
     work_dir="out-acceptance",  # the pair's checkpoints and logs
     device="cuda" if torch.cuda.is_available() else "cpu",
     compile=True,
@@ -167,7 +168,7 @@ def main(argv):
     dtype = fastest_dtype(device.type)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    report_path = s["report"] or os.path.join(ROOT, "results", "gpu", name.replace(" ", "-") + ".md")
+    report_path = s["report"] or os.path.join(ROOT, "experiments", "results", "gpu", name.replace(" ", "-") + ".md")
     for key in ("batch_size", "bench_steps", "eval_iters"):
         if s[key] < 1:
             fail(f"--{key}={s[key]}: must be at least 1")
@@ -193,7 +194,7 @@ def main(argv):
     peak = peak_flops(device, getattr(torch, dtype))
     header = (f"# Acceptance run on {name}\n\n{time.strftime('%Y-%m-%d')}, torch {torch.__version__}"
               f"{f', CUDA {torch.version.cuda}' if device.type == 'cuda' else ''}, {dtype}; "
-              f"`python acceptance.py {' '.join(argv)}` (target {s['minutes']:g} min)."
+              f"`python experiments/acceptance.py {' '.join(argv)}` (target {s['minutes']:g} min)."
               + ("\n\n**Smoke run**: tiny shapes on the built-in corpus; it checks the path and measures nothing."
                  if s["smoke"] else ""))
     report = Report(report_path, header)
