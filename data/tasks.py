@@ -151,6 +151,16 @@ def folder_task(folder):
     return classes, metrics, {s: (texts, to_labels(raw, classes, paths[s])) for s, (texts, raw) in data.items()}
 
 
+def task_list(spec):
+    """Task names or folders from a comma-separated list, where a folder without train.tsv stands for its subfolders
+    (e.g. ../shared/devtasks)."""
+    out = []
+    for t in filter(None, spec.split(",")):
+        is_parent = os.path.isdir(t) and not os.path.exists(os.path.join(t, "train.tsv"))
+        out += sorted(os.path.join(t, d) for d in os.listdir(t) if os.path.isdir(os.path.join(t, d))) if is_parent else [t]
+    return out
+
+
 def load_task(name, glue_dir=None, max_train=0, seed=1337):
     """A GLUE task by name, or a user's task by folder path: dict(name, classes, metrics, train, dev).
 

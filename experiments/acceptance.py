@@ -31,7 +31,7 @@ sys.path.insert(0, ROOT)
 import bench
 from checkpoint import load_checkpoint
 from configurator import check_writable, configure, fail, user_errors
-from data.tasks import EvalError, load_task
+from data.tasks import EvalError, load_task, task_list
 from features import features, tokenize
 from flops import fastest_dtype, flops_per_position, peak_flops
 from model import MODELS, make_config
@@ -58,12 +58,6 @@ settings = dict(
 )
 SMOKE = dict(minutes=2.0, pair_flops=1e11, n_layer=2, n_head=2, n_embd=64, block_size=64, batch_size=4, bench_steps=2, eval_iters=1,
              dataset="tinybooks", max_train=200, random_seeds=1, compile=False)
-
-
-def task_folders(spec):
-    if os.path.isdir(spec) and not os.path.exists(os.path.join(spec, "train.tsv")):
-        return sorted(os.path.join(spec, d) for d in os.listdir(spec) if os.path.isdir(os.path.join(spec, d)))
-    return spec.split(",")
 
 
 def tokenized_tasks(names, max_train, block_size):
@@ -177,7 +171,7 @@ def main(argv):
     t_start = time.time()
     deadline = t_start + 60 * s["minutes"]
     try:
-        names = task_folders(s["tasks"])
+        names = task_list(s["tasks"])
         tasks = tokenized_tasks(names, s["max_train"], s["block_size"])
     except EvalError as e:
         fail(f"--tasks: {e}")

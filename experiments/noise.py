@@ -22,10 +22,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from checkpoint import load_checkpoint
 from configurator import check_writable, fail, user_errors
-from data.tasks import EvalError, load_task
+from data.tasks import EvalError, load_task, task_list
 from features import features, random_twin, tokenize
 from probe import probe
-from sweep import t95, task_list
+from stats import t95
 
 
 def averages(model, tasks, seed):
