@@ -30,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo r
 sys.path.insert(0, ROOT)
 import bench
 from checkpoint import load_checkpoint
-from configurator import check_writable, configure, fail, user_errors
+from configurator import at_least, check_writable, configure, fail, user_errors
 from data.tasks import EvalError, load_task, task_list
 from features import features, tokenize
 from flops import fastest_dtype, flops_per_position, peak_flops
@@ -155,7 +155,7 @@ def pair_settings(s, flops):
 
 
 def main(argv):
-    s = configure(settings, argv)
+    s = configure(settings, argv, help_from=[__file__])
     if s["smoke"]:
         s.update({k: v for k, v in SMOKE.items() if f"--{k}" not in {a.split("=")[0] for a in argv}})
     device = torch.device(s["device"])
@@ -163,9 +163,7 @@ def main(argv):
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     report_path = s["report"] or os.path.join(ROOT, "experiments", "results", "gpu", name.replace(" ", "-") + ".md")
-    for key in ("batch_size", "bench_steps", "eval_iters"):
-        if s[key] < 1:
-            fail(f"--{key}={s[key]}: must be at least 1")
+    at_least(s, 1, ("batch_size", "bench_steps", "eval_iters"))
     check_writable(report_path, "--report", folder=False)
     check_writable(s["work_dir"], "--work_dir")
     t_start = time.time()

@@ -34,7 +34,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo root: train.py, data/
 sys.path.insert(0, ROOT)
 from checkpoint import load_checkpoint
-from configurator import check_writable, configure, fail, user_errors
+from configurator import at_least, check_writable, configure, fail, user_errors
 from data.tasks import EvalError, load_task, task_list
 from features import random_twin
 from flops import budget_steps, param_counts, training_flops
@@ -100,8 +100,8 @@ settings = dict(
     seeds=0,                  # training seeds per main run (train.py's seed 1337, 1338, ...); 0 = the preset's
     budgets="",               # a comma-separated subset of the preset's FLOP budgets, to 2 digits as in the run names
                               # (e.g. 2.7e14: a long sweep's seeds at its largest budget first); "" = every budget
-    # the primary instrument: task folders (train.tsv, dev.tsv), or a folder of them; their average is linear_avg/knn_avg
-    tasks="../shared/devtasks",
+    tasks="../shared/devtasks",  # the primary instrument, averaged as linear_avg/knn_avg: task folders (train.tsv,
+                                 # dev.tsv), or a folder of them
     glue_tasks="SST-2,CoLA,MRPC,STS-B,RTE,WNLI",  # the paper's table, as glue_linear_avg/glue_knn_avg; "" = skip
     glue_dir="../shared/glue",
     sts="../shared/glue/STS-B",               # zero-shot STS (embed.py); "" = skip
@@ -248,13 +248,12 @@ def evaluate(model, tasks, glue_tasks, glue_dir, sts, max_train):
 def read_plan(argv):
     """The command line's settings, checked (with the preset's values for those left at 0 or ""), the preset with
     its overrides, and the plan."""
-    s = configure(settings, argv)
+    s = configure(settings, argv, help_from=[__file__])
     if s["preset"] not in PRESETS:
         fail(f"--preset={s['preset']!r}: expected one of {', '.join(PRESETS)}")
     p = dict(PRESETS[s["preset"]])
-    for key in ("nproc", "micro_batch", "random_seeds", "seeds"):
-        if s[key] < 0:
-            fail(f"--{key}={s[key]}: must be >= 0" + (" (0 = the preset's)" if key != "random_seeds" else ""))
+    at_least(s, 0, ("nproc", "micro_batch", "seeds"), " (0 = the preset's)")
+    at_least(s, 0, ("random_seeds",))
     p.update(nproc=s["nproc"] or p["nproc"], micro_batch=s["micro_batch"] or p["micro_batch"])
     s.update(seeds=s["seeds"] or p.get("seeds", 1), out_dir=s["out_dir"] or f"sweep-{s['preset']}")
     families = s["families"].split(",")
