@@ -180,7 +180,8 @@ if ckpt:  # resume: its weights, optimizer and RNG states, copied in (checkpoint
     if not checkpoint.restore(ckpt, model, optimizer, rank, torch.device(device)):  # only dropout draws from it
         log(f"note: {ckpt_path} holds {ckpt['rng_device']} RNG states and this run is on {device_type}: dropout draws a "
             f"fresh stream{' (dropout is 0: nothing changes)' if not dropout else ', so the run is no longer exact'}")
-    step, tokens_seen, flops_seen, resumed_max_iters = ckpt["step"], ckpt["tokens"], ckpt["flops"], ckpt.get("max_iters")
+    step, tokens_seen, flops_seen = ckpt["step"], ckpt["tokens"], ckpt["flops"]
+    resumed_max_iters = ckpt.get("max_iters")  # the run's length after its budget (older checkpoints: unknown)
     log(f"resumed from {ckpt_path} at step {step}")
     del ckpt  # the copies live in the model and optimizer now
 raw_model = model  # checkpoints hold its state_dict: no "_orig_mod." or "module." prefixes

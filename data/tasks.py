@@ -1,6 +1,6 @@
 """
 The evaluation sets, read and checked: GLUE tasks (the official TSV layout, or the hub) and task folders
-of the user's for probe.py; STS sets and BEIR retrieval folders for embed.py and mteb_eval.py.
+of the user's for probe.py; STS sets and BEIR retrieval folders for embed.py.
 
 Bad input is an EvalError whose message names the file (and line), the problem and the fix.
 """
