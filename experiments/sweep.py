@@ -44,7 +44,7 @@ from report import plots, summarize, write_markdown
 # -----------------------------------------------------------------------------
 # Presets. Power laws: lr = lr0 * (F / F0) ** LR_EXP and batch = batch0 * (F / F0) ** BATCH_EXP tokens, with
 # DeepSeek LLM's fitted exponents (the paper fits such laws on its 50M-700M models and does not print them;
-# our choice), anchored at (F0, lr0, batch0): the CPU recipe measured in the README, or the GPU base configs.
+# our choice), anchored at (F0, lr0, batch0): the CPU recipe (docs/cpu-recipe.md), or the GPU base configs.
 LR_EXP, BATCH_EXP = -0.125, 0.327
 PRESETS = {
     "cpu": dict(
@@ -60,12 +60,12 @@ PRESETS = {
         micro_batch=16,                        # rows per micro-step, at most (train.py's default)
         probe_max_train=2000, eval_interval=100, nproc=1,
     ),
-    "cpu-gutenberg": dict(  # the long CPU preset: one shape, doubling budgets, up to the crossing (see README)
+    "cpu-gutenberg": dict(  # the long CPU preset: one shape, doubling budgets, up to the crossing (docs/experiments.md)
         dataset="gutenberg", block_size=128, vocab_size=8192, dtype="",
         sizes=[(4, 256, 4)] * 5,
         flops=[3.4e13, 6.8e13, 1.35e14, 2.7e14, 5.4e14],
         tokens_per_param=20,
-        anchor=(2.7e14, 1e-3, 4096),           # the 4 x 256 recipe that beat its random twins once (README)
+        anchor=(2.7e14, 1e-3, 4096),           # the 4 x 256 recipe that beat its random twins once (docs/results.md)
         ablation_size=None,                    # no ablations: the budget axis is the point
         flops_per_s=3.0e11,                    # achieved on 2 cores with native bf16, 4 x 256 (about 460 ms a step)
         step_s=0.02,
