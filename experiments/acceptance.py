@@ -154,6 +154,29 @@ def pair_settings(s, flops):
     return out
 
 
+def train_pair(s, budget):
+    """{model: what its run did}: BERT and CrossBERT trained by train.py at `budget` training FLOPs each. A run
+    that fails is reported ({"error": ...}), not fatal."""
+    runs = {}
+    for m, r in pair_settings(s, budget).items():
+        run_dir = os.path.join(s["work_dir"], m)
+        t0 = time.time()
+        try:
+            train(f"acceptance {m}", {**r, "overwrite": True}, run_dir, 1, s["compile"])
+        except SystemExit as e:  # train() reports a failed run by exiting; keep going to the report
+            runs[m] = dict(error=str(e))
+            continue
+        log = [json.loads(line) for line in open(os.path.join(run_dir, "log.jsonl"))]
+        vals = [x for x in log if "val_loss" in x]
+        steps = [x for x in log if "loss" in x]
+        runs[m] = dict(settings=r, seconds=time.time() - t0, val_loss=vals[-1]["val_loss"], flops=vals[-1]["flops"],
+                       tokens=vals[-1]["tokens"], unigram=log[0]["unigram_loss"], steps=steps[-1]["step"],
+                       mfu=np.median([x["mfu"] for x in steps]) if steps else None,
+                       ms_per_step=np.median([x["ms_per_step"] for x in steps]) if steps else None,
+                       val_curve=[(x["step"], x["val_loss"]) for x in vals])
+    return runs
+
+
 def main(argv):
     s = configure(settings, argv, help_from=[__file__])
     if s["smoke"]:
@@ -215,28 +238,9 @@ def main(argv):
     per_run = (deadline - t0 - 2 * probe_s - 10) / 2
     budget = s["pair_flops"] or min(((per_run - benched[m]["warmup_s"] - 15) * 0.8 * benched[m]["flops_per_s"]
                                      for m in ("bert", "crossbert") if m in benched), default=0)
-    runs = {}
-    if budget <= 0:
-        md = f"## 3. BERT vs CrossBERT at matched FLOPs\n\nNot run: no time left for it ({per_run:.0f} s per run)."
-    else:
-        rs = pair_settings(s, budget)
-        for m, r in rs.items():
-            run_dir = os.path.join(s["work_dir"], m)
-            t1 = time.time()
-            try:
-                train(f"acceptance {m}", {**r, "overwrite": True}, run_dir, 1, s["compile"])
-            except SystemExit as e:  # train() reports a failed run by exiting; keep going to the report
-                runs[m] = dict(error=str(e))
-                continue
-            log = [json.loads(line) for line in open(os.path.join(run_dir, "log.jsonl"))]
-            vals = [x for x in log if "val_loss" in x]
-            steps = [x for x in log if "loss" in x]
-            runs[m] = dict(settings=r, seconds=time.time() - t1, val_loss=vals[-1]["val_loss"], flops=vals[-1]["flops"],
-                           tokens=vals[-1]["tokens"], unigram=log[0]["unigram_loss"], steps=steps[-1]["step"],
-                           mfu=np.median([x["mfu"] for x in steps]) if steps else None,
-                           ms_per_step=np.median([x["ms_per_step"] for x in steps]) if steps else None,
-                           val_curve=[(x["step"], x["val_loss"]) for x in vals])
-        md = pair_table(runs, budget, train_tokens, s)
+    runs = train_pair(s, budget) if budget > 0 else {}
+    md = pair_table(runs, budget, train_tokens, s) if budget > 0 else (
+        f"## 3. BERT vs CrossBERT at matched FLOPs\n\nNot run: no time left for it ({per_run:.0f} s per run).")
     report.add("pair training", time.time() - t0, md, dict(budget=budget, runs=runs))
 
     # 4. the trained pair, probed like its twins
