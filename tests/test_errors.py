@@ -298,7 +298,10 @@ def test_ctrl_c_names_the_checkpoint(dataset, tmp_path):
     import time
     cmd = [sys.executable, "-u", "train.py", *TINY, f"--dataset={dataset}", f"--out_dir={tmp_path}",
            "--total_batch_size=64", "--eval_interval=1", "--max_iters=100000"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # a Ctrl-C at a terminal: the child gets SIGINT's default action even where this process has it ignored (a
+    # background job's, whose children would ignore the signal too, except while a checkpoint is saved)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     for line in proc.stdout:  # wait until a checkpoint exists
         if line.startswith("saved checkpoint"):
             break
