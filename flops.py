@@ -148,16 +148,15 @@ def main(argv):
 
     import model  # only the CLI needs the model's defaults
     from configurator import configure, fail
-    from model import ModelConfig
     # the fields whose default depends on the model stay None, so each model below gets its own
-    defaults = {**asdict(ModelConfig()), "mask_ratio": None, "cms": None, "pred_layer": None, "gen_layer": None}
+    defaults = {**asdict(model.ModelConfig()), "mask_ratio": None, "cms": None, "pred_layer": None, "gen_layer": None}
     del defaults["model_type"]
     kwargs = configure(defaults, argv, help_from=[__file__, model.__file__])  # the settings' comments: ModelConfig's
     rows = {}
     names = {"bert": "BERT", "crossbert": "CrossBERT", "electra": "ELECTRA"}
     for model_type in names:
         try:
-            cfg = ModelConfig(model_type=model_type, **kwargs)
+            cfg = model.ModelConfig(model_type=model_type, **kwargs)
         except ValueError as e:  # e.g. a mask ratio the views cannot realise
             fail(f"{names[model_type]}: {e}")
         total, body = param_counts(cfg, model_type)
