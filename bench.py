@@ -23,9 +23,8 @@ from contextlib import nullcontext
 
 import torch
 
-from configurator import configure, fail, user_errors
+from configurator import at_least, check_device, configure, fail, user_errors
 from flops import checked_peak, fastest_dtype, flops_per_position, peak_flops, peak_from_table, training_flops
-from masking import view_shape
 from model import MODELS, make_config
 
 settings = dict(
@@ -33,7 +32,8 @@ settings = dict(
     vocab_size=0,           # 0: GPT-2's 50,304 ids; a compact vocabulary of that many ids (train.py's default: 8,192)
     gen_width=0.25,         # ELECTRA's generator width, a fraction of n_embd (rounded to whole heads)
     batch_size=8,           # input rows per step (CrossBERT's CMS makes 2 views of each)
-    steps=3, warmup=3,      # timed steps, after untimed ones (compilation and first-touch allocation happen there)
+    steps=3,                # timed steps, after the warmup steps
+    warmup=3,               # untimed steps first: compilation and first-touch allocation happen there
     device="cuda" if torch.cuda.is_available() else "cpu",
     dtype=fastest_dtype("cuda" if torch.cuda.is_available() else "cpu"),
     compile=True,
@@ -80,8 +80,7 @@ def bench(model_type, s, device, autocast):
     dt = (time.perf_counter() - t0) / s["steps"]
     if s["profile"]:  # after the clock stopped: the profiler's own overhead stays out of the numbers
         print(f"{model_type}: {profile(step, s['steps'], device)}")
-    V, _, _ = view_shape(T, cfg.mask_ratio, cfg.cms)
-    out = dict(config=cfg, input_tokens_per_s=B * T / dt, view_positions_per_s=B * V * T / dt,
+    out = dict(config=cfg, input_tokens_per_s=B * T / dt, view_positions_per_s=B * cfg.views[0] * T / dt,
                flops_per_s=training_flops(cfg, model_type, B) / dt, warmup_s=t0 - t_start,
                peak_memory=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)
     if s["flash_check"]:
@@ -121,10 +120,9 @@ def flash_check(model, idx, autocast):
 
 
 def main():
-    s = configure(settings, sys.argv[1:])
-    for key in ("batch_size", "steps"):
-        if s[key] < 1:
-            fail(f"--{key}={s[key]}: must be at least 1")
+    s = configure(settings, sys.argv[1:], help_from=[__file__])
+    at_least(s, 1, ("batch_size", "steps"))
+    check_device(s["device"], s["dtype"])
     device = torch.device(s["device"])
     if s["flash_check"] and device.type != "cuda":
         fail("--flash_check needs a CUDA device: FlashAttention is a GPU kernel")

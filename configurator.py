@@ -2,6 +2,7 @@
 Scripts keep their settings as plain globals; this overrides them from the command line:
 
     python train.py config/tiny_bert.py --batch_size=32 --compile=False
+    python train.py --help              # the script's docstring, then every setting, its default and its comment
 
 A path runs a config file (python assignments); --key=value sets one key, the value
 read as a Python literal (a bare word stays a string); a bare --flag sets a boolean to True. Keys and types are checked
@@ -16,6 +17,7 @@ import ast
 import errno
 import os
 import sys
+import tokenize
 import traceback
 from contextlib import contextmanager
 from pathlib import Path
@@ -84,6 +86,36 @@ def user_errors_hook(script, *more):
     sys.excepthook = hook
 
 
+def interrupt_hook(script, where):
+    """Ctrl-C ends in one line, `<script>: <where()>` (what was saved, and how to go on), with no traceback. Other
+    exceptions go on to the hook that was there before."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        if not issubclass(kind, KeyboardInterrupt):
+            return previous(kind, value, tb)
+        print(f"{script}: {where()}", file=sys.stderr)
+    sys.excepthook = hook
+
+
+def at_least(settings, minimum, names, note=""):
+    """fail() unless each of the settings `names` is at least `minimum` (note: what such a value means, if special)."""
+    for name in names:
+        if settings[name] < minimum:
+            fail(f"--{name}={settings[name]}: must be at least {minimum}{note}")
+
+
+def check_device(device, dtype):
+    """fail() unless this machine has `device` (cpu, cuda or cuda:N) and `dtype` is float32 or bfloat16."""
+    if dtype not in ("float32", "bfloat16"):
+        fail(f"--dtype={dtype!r}: expected float32 or bfloat16")
+    if not device.startswith(("cpu", "cuda")):
+        fail(f"--device={device!r}: expected cpu or cuda[:N]")
+    import torch  # loaded already by every script that has a device
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        fail(f"--device={device!r}, but this machine has no CUDA device (or torch is a CPU build); use --device=cpu")
+
+
 def check_writable(path, setting, folder=True, script=None):
     """Fail now, before any work, unless the run can write `path`: a folder it creates or fills (folder=True), or a
     file. The nearest part of the path that exists must be a folder the user may write in."""
@@ -117,11 +149,57 @@ def run_config(path, arg):
     return scope
 
 
-def configure(defaults, argv, types=None):
+def setting_comments(path):
+    """{name: comment} for the names a file sets with a comment on the same line (`name = ...`, `name: type = ...`, or
+    `name=...` in a call), continued by comment lines right below it. In a script, the last one up to the end of the
+    statement that assigns `settings` counts (its later code and other dicts do not); in a file without one, the
+    first (e.g. model.py's ModelConfig)."""
+    with open(path, "rb") as f:
+        tokens = list(tokenize.tokenize(f.readline))
+    found, names, last, ends = {}, {}, None, False  # names: line -> the names set on it; last: (line, col, names)
+    for prev, tok, nxt in zip(tokens, tokens[1:], tokens[2:]):
+        if tok.type == tokenize.NAME and nxt.string in ("=", ":") and (prev.string in ("(", ",") or prev.type in (
+                tokenize.NEWLINE, tokenize.NL, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING)):
+            names.setdefault(tok.start[0], []).append(tok.string)
+            ends = ends or tok.string == "settings"
+        elif tok.type == tokenize.COMMENT:
+            line, col, text = *tok.start, tok.string.lstrip("#").strip()
+            if line in names:
+                last = (line, col, names[line])
+                for name in last[2]:
+                    found.setdefault(name, []).append(text)
+            elif last and (line, col) == (last[0] + 1, last[1]):  # a comment that goes on below the last one
+                last = (line, col, last[2])
+                for name in last[2]:
+                    found[name][-1] += " " + text
+        elif tok.type == tokenize.NEWLINE and ends:
+            break
+    return {name: texts[-1] if ends else texts[0] for name, texts in found.items()}
+
+
+def usage(defaults, paths):
+    """--help's text: the first file's docstring, then every setting with its default and its comment in the files."""
+    comments = {}
+    for path in reversed(paths):  # the first file's comment wins
+        comments.update(setting_comments(path))
+    with open(paths[0]) as f:
+        doc = ast.get_docstring(ast.parse(f.read())) or ""
+    shown = {k: f"--{k}={v if isinstance(v, str) else repr(v)}" for k, v in defaults.items()}
+    width = max(map(len, shown.values()))
+    lines = [f"  {shown[k]:{width}s}  {comments.get(k, '')}".rstrip() for k in defaults]
+    return (f"{doc}\n\nSettings, with their defaults; a config file (key = value lines) or --key=value sets them, in "
+            "order:\n" + "\n".join(lines))
+
+
+def configure(defaults, argv, types=None, help_from=()):
     """The settings in `defaults` (a name -> value dict) with the overrides of argv applied.
 
-    types gives the type of settings whose default is None (None stays allowed for them).
+    types gives the type of settings whose default is None (None stays allowed for them). help_from: the files that
+    --help (or -h) reads the script's docstring (the first file's) and the settings' comments from.
     """
+    if {"--help", "-h"} & set(argv):
+        print(usage(defaults, help_from) if help_from else "\n".join(f"--{k}={v!r}" for k, v in defaults.items()))
+        sys.exit(0)
     config, types = dict(defaults), types or {}
 
     def set_key(key, value, source):

@@ -21,7 +21,7 @@ BEIR sets, data/pairs.py the pairs.
 --sts    STS-B in GLUE layout (a folder with dev.tsv), or a folder/file of SemEval-style
          `score<TAB>sentence1<TAB>sentence2` lines; comma-separate several
 --beir   BEIR folders (corpus.jsonl, queries.jsonl, qrels/test.tsv); comma-separate several
---mteb   MTEB tasks scored by mteb's own evaluators (pip install mteb; see mteb_eval.py): task names,
+--mteb   MTEB tasks scored by mteb's own evaluators (pip install mteb; see mteb_tasks below): task names,
          e.g. STSBenchmark,Banking77Classification (data from the hub), or local STS sets as --sts takes
 --save_pooler=PATH  keep the frozen row's trained pooler (weights, kind, dims, the --ckpt it was trained on)
 
@@ -286,6 +286,69 @@ def embed_file(args):
     print(f"wrote {args.out_npy}: {z.shape[0]:,} x {z.shape[1]} float32 in {time.time() - t0:.1f}s", file=sys.stderr)
 
 # ----------------------------------------------------------------------------
+# MTEB's own evaluators, for --mteb (optional: pip install mteb; imported here only, so all else runs without it).
+# The backbone, with a trained pooler or plain mean pooling, is an mteb encoder; local STS sets are mteb tasks.
+# Results go to mteb's standard results folder.
+
+def mteb_tasks(spec):
+    """mteb tasks of --mteb, with their data loaded: local STS sets (paths, as --sts takes) or mteb task names."""
+    import mteb
+    from datasets import Dataset, DatasetDict
+    from mteb.abstasks.sts import AbsTaskSTS
+    from mteb.abstasks.task_metadata import TaskMetadata
+
+    class LocalSTS(AbsTaskSTS):  # an STS set read by data.tasks.read_sts (GLUE's STS-B folder, or a SemEval-style file)
+        def __init__(self, name, pairs):
+            self.metadata = TaskMetadata(
+                name=name, description=f"local STS set {name}", dataset=dict(path=name, revision="local"), type="STS",
+                category="t2t", eval_splits=["test"], eval_langs=["eng-Latn"], main_score="cosine_spearman")
+            super().__init__()
+            s1, s2, score = zip(*pairs)
+            self.dataset = DatasetDict(test=Dataset.from_dict(dict(sentence1=s1, sentence2=s2, score=score)))
+            self.data_loaded = True
+
+    tasks = []
+    for item in spec.split(","):
+        if os.path.exists(item):
+            tasks += [LocalSTS(name, pairs) for name, pairs in read_sts(item).items()]
+            continue
+        try:
+            task = mteb.get_task(item)
+            task.load_data()
+        except KeyError:
+            raise EvalError(f"--mteb: no mteb task {item!r} and no such path; use mteb's task names "
+                            "(e.g. STSBenchmark) or a local STS set") from None
+        except Exception as e:  # offline, hub down: all end here
+            raise EvalError(f"--mteb: cannot load {item} from the hub ({str(e).splitlines()[0]}); "
+                            "offline, pass a local STS set (e.g. --mteb=../shared/glue/STS-B)") from None
+        tasks.append(task)
+    return tasks
+
+
+def mteb_scores(model, pooler, tasks, out_dir, name, revision):
+    """{"mteb/<task>": main score x100} of mteb's evaluation of the backbone's last layer through the pooler. The
+    name ("org/model") and revision name the results: out_dir/results/<name with __ for />/<revision>/<task>.json, as
+    mteb writes them (overwritten)."""
+    import mteb
+    from mteb.models.abs_encoder import AbsEncoder
+    from mteb.models.model_meta import ModelMeta, ScoringFunction
+
+    class Encoder(AbsEncoder):  # mteb's encoder protocol: unit-norm embeddings
+        mteb_model_meta = ModelMeta.create_empty(dict(
+            name=name, revision=revision, embed_dim=model.config.n_embd, n_parameters=model.num_params(),
+            max_tokens=model.config.block_size, similarity_fn_name=ScoringFunction.COSINE, framework=["PyTorch"]))
+
+        def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
+            # all texts at once: embed_texts() sorts them by length, which mteb's batches would not
+            texts = [text for batch in inputs for text in batch["text"]]
+            return embed_texts(model, pooler, texts).double().numpy()  # float64 cosines, as eval_sts
+
+    result = mteb.evaluate(Encoder(), tasks, cache=mteb.ResultCache(out_dir), overwrite_strategy="always",
+                           show_progress_bar=sys.stderr.isatty(), encode_kwargs=dict(batch_size=256))
+    return {f"mteb/{r.task_name}": 100 * float(r.get_score()) for r in result.task_results}
+
+
+# ----------------------------------------------------------------------------
 # Command line
 
 def main(argv=None):
@@ -346,9 +409,7 @@ def run(args):
     # read every evaluation set first, so a malformed file fails before any training
     sts = {k: v for path in filter(None, args.sts.split(",")) for k, v in read_sts(path).items()}
     beir = {Path(path).name: read_beir(path) for path in filter(None, args.beir.split(","))}
-    if args.mteb:
-        import mteb_eval  # mteb is optional: only --mteb needs it
-        mteb_tasks = mteb_eval.get_tasks(args.mteb)
+    mteb_sets = mteb_tasks(args.mteb) if args.mteb else None
     model, info = load_model(args)
     model_type, cfg = info["model_type"], model.config
     if args.pairs and next(pair_stream(args.pairs, args.seed, cfg.block_size), None) is None:
@@ -371,8 +432,8 @@ def run(args):
         scores = evaluate(model, pooler, sts, beir)
         if args.mteb:
             revision = "random" if args.ckpt == "random" else f"step-{info.get('step')}"
-            scores.update(mteb_eval.run(model, pooler, mteb_tasks, args.mteb_out,
-                                        f"{model_type}-{cfg.n_layer}x{cfg.n_embd}/{name}", revision))
+            scores.update(mteb_scores(model, pooler, mteb_sets, args.mteb_out,
+                                      f"{model_type}-{cfg.n_layer}x{cfg.n_embd}/{name}", revision))
         rows.append(dict(name=name if pooler is None else f"{name} ({args.pooler} pooler)", scores=scores,
                          steps=len(losses), final_loss=losses[-1] if losses else None,
                          train_s=t1 - t0, eval_s=time.time() - t1))

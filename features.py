@@ -1,5 +1,5 @@
 """
-What every frozen evaluation shares (probe.py, embed.py, mteb_eval.py): the backbone, a checkpoint or a
+What every frozen evaluation shares (probe.py, embed.py): the backbone, a checkpoint or a
 random-init baseline; GPT-2 token ids of sentences and of pairs; pooled features by layer, batched by length.
 """
 import sys
@@ -144,7 +144,7 @@ def features(model, ids, layers=None, batch_size=64, pool=mean_pool, desc=None):
 
 def embed_texts(model, pooler, texts, batch_size=256, desc=None):
     """Unit-norm embeddings (N, C) of texts, a float32 CPU tensor in input order: the last layer's states through
-    pooler(h, mask), or plain mean pooling when pooler is None. embed.py and mteb_eval.py both embed through it."""
+    pooler(h, mask), or plain mean pooling when pooler is None; embed.py and its mteb encoder embed through it."""
     ids, _ = tokenize([(t,) for t in texts], model.config.block_size)
     z = features(model, ids, batch_size=batch_size, pool=pooler or mean_pool, desc=desc)[model.config.n_layer]
     return torch.nn.functional.normalize(torch.from_numpy(z), dim=-1)

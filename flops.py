@@ -160,21 +160,21 @@ def checked_peak(peak, achieved, measure):
 def main(argv):
     from dataclasses import asdict
 
+    import model  # only the CLI needs the model's defaults
     from configurator import configure, fail
-    from model import ModelConfig  # only the CLI needs the model's defaults
     # the fields whose default depends on the model stay None, so each model below gets its own
-    defaults = {**asdict(ModelConfig()), "mask_ratio": None, "cms": None, "pred_layer": None, "gen_layer": None}
+    defaults = {**asdict(model.ModelConfig()), "mask_ratio": None, "cms": None, "pred_layer": None, "gen_layer": None}
     del defaults["model_type"]
-    kwargs = configure(defaults, argv)
+    kwargs = configure(defaults, argv, help_from=[__file__, model.__file__])  # the settings' comments: ModelConfig's
     rows = {}
     names = {"bert": "BERT", "crossbert": "CrossBERT", "electra": "ELECTRA"}
     for model_type in names:
         try:
-            cfg = ModelConfig(model_type=model_type, **kwargs)
-            V, K, M = view_shape(cfg.block_size, cfg.mask_ratio, cfg.cms)
+            cfg = model.ModelConfig(model_type=model_type, **kwargs)
         except ValueError as e:  # e.g. a mask ratio the views cannot realise
             fail(f"{names[model_type]}: {e}")
         total, body = param_counts(cfg, model_type)
+        V, K, M = cfg.views
         rows[model_type] = {
             "mask ratio / views": f"{cfg.mask_ratio} / {V}",
             "encoder tokens per view": K if model_type == "crossbert" else cfg.block_size,

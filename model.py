@@ -69,8 +69,8 @@ class ModelConfig:
     decoder_bias: bool = True       # a bias on the tied decoder's logits: the token frequencies live there
     mask_token_id: int | None = None  # <mask>'s row; None: GPT-2's 50257, or vocab_size - 2 in a compact
                                       # vocabulary (the layout of data/tokenizer.compact_vocab)
-    mask_ratio: float | None = None # None: BERT 0.2, CrossBERT 0.5, ELECTRA 0.15 (ELECTRA's own)
-    cms: bool | None = None         # complementary views; None: on for CrossBERT only
+    mask_ratio: float | None = None # None: the model's default (__post_init__)
+    cms: bool | None = None         # complementary views; None: the model's default (__post_init__)
     pred_layer: int | None = None   # CrossBERT's predictor depth; None: max(1, n_layer // 4)
     gen_width: float = 0.25         # ELECTRA's generator width, a fraction of n_embd (see gen_embd)
     gen_layer: int | None = None    # ELECTRA's generator depth; None: n_layer, as in ELECTRA
@@ -118,7 +118,12 @@ class ModelConfig:
         if self.model_type == "electra" and self.random_replace:
             raise ValueError("random_replace (BERT's 80/10/10) would show ELECTRA's generator some of the tokens it "
                              "must predict; leave it off for ELECTRA")
-        view_shape(self.block_size, self.mask_ratio, self.cms)  # raises if the views cannot be cut
+        self.views  # raises if the views cannot be cut
+
+    @property
+    def views(self):
+        """(V, K, M): views per input row, and the visible and predicted positions of each (masking.view_shape)."""
+        return view_shape(self.block_size, self.mask_ratio, self.cms)
 
     @property
     def mlp_hidden(self):

@@ -1,17 +1,13 @@
 """
-Pretrain BERT, CrossBERT or ELECTRA.
+Pretrain BERT, CrossBERT or ELECTRA, on one process (CPU or GPU) or with torchrun (DDP, or FSDP2 with --fsdp=True):
 
-One process (CPU or one GPU):
     python train.py                                   # tiny CrossBERT on the built-in corpus
-    python train.py config/tiny_bert.py               # its BERT twin
-    python train.py config/tiny_electra.py            # its ELECTRA twin
-DDP on one node, or several (nccl on GPUs, gloo on CPUs):
-    torchrun --standalone --nproc_per_node=8 train.py config/base_crossbert_dclm.py
+    python train.py config/tiny_bert.py               # its BERT twin (config/tiny_electra.py: its ELECTRA twin)
+    python train.py --init_from=resume                # continue the run in out_dir, exactly
+    torchrun --standalone --nproc_per_node=8 train.py config/base_crossbert_dclm.py   # a GPU node
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=... --master_port=29500 train.py ...
-Resume a run from its out_dir:
-    python train.py --init_from=resume
 
-Settings are the globals below; config/*.py files and --key=value arguments override them.
+Settings are the globals below; config/*.py files and --key=value arguments override them, in order.
 """
 import datetime
 import gc
@@ -26,23 +22,20 @@ from dataclasses import asdict
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
-                                                     set_model_state_dict, set_optimizer_state_dict)
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import checkpoint
-from configurator import check_writable, configure, fail, user_errors_hook
-from data.loader import TokenWindows, unigram_loss
-from data.tasks import GLUE, EvalError, load_task
-from data.tokenizer import compact_vocab
+from configurator import configure, fail, interrupt_hook, user_errors_hook
+from data.loader import load_splits
+from data.tasks import EvalError
 from flops import budget_steps, checked_peak, fastest_dtype, peak_flops, peak_from_table, training_flops
-from masking import Views, view_shape
-from model import MODELS, make_config
+from masking import Views
+from model import MODELS
 
 user_errors_hook("train.py", EvalError)  # e.g. a path that cannot be written, anywhere below, ends in one line
 
 # -----------------------------------------------------------------------------
-# settings: the defaults train a tiny CrossBERT on 2 CPU cores in under 10 minutes (see README: the CPU recipe)
+# settings: the defaults train a tiny CrossBERT on 2 CPU cores in under 10 minutes (docs/cpu-recipe.md)
 # model
 model_type = "crossbert"      # bert | crossbert | electra
 n_layer = 4
@@ -50,8 +43,8 @@ n_head = 4
 n_embd = 128
 block_size = 128
 pred_layer = None             # CrossBERT predictor depth; None = max(1, n_layer // 4)
-mask_ratio = None             # None = the model's default: BERT 0.2, CrossBERT 0.5, ELECTRA 0.15
-cms = None                    # complementary views; None = the model's default: on for CrossBERT only
+mask_ratio = None             # None = the model's default (model.py's ModelConfig)
+cms = None                    # complementary views; None = the model's default
 random_replace = False        # BERT's 80/10/10 corruption
 gen_width = 0.25              # ELECTRA's generator width, a fraction of n_embd (rounded to whole heads)
 gen_layer = None              # ELECTRA's generator depth; None = n_layer
@@ -98,54 +91,19 @@ seed = 1337
 settings = {k: v for k, v in globals().items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
 globals().update(configure(settings, sys.argv[1:], types={"pred_layer": int, "gen_layer": int, "mask_ratio": float,
-                                                           "cms": bool}))
+                                                           "cms": bool}, help_from=[__file__]))
 settings = {k: globals()[k] for k in settings}
 
-# one pass over the settings, before anything is built or written: each failure names the setting and the fix
-for name in ("batch_size", "total_batch_size", "max_iters", "eval_interval", "eval_iters", "log_interval"):
-    if globals()[name] < 1:
-        fail(f"{name}={globals()[name]}: must be at least 1")
-for name in ("warmup_iters", "max_flops", "grad_clip", "weight_decay", "min_lr", "probe_interval", "dropout",
-             "rtd_weight"):
-    if globals()[name] < 0:
-        fail(f"{name}={globals()[name]}: must be >= 0" + (" (0 turns clipping off)" if name == "grad_clip" else ""))
-try:  # the model's shape, masking and vocabulary, checked by ModelConfig (with the model's defaults filled in)
-    config = make_config(settings)
-except ValueError as e:
-    fail(str(e))
-n_views, _, n_predicted = view_shape(block_size, config.mask_ratio, config.cms)
-if not (learning_rate > 0 and 0 <= beta1 < 1 and 0 <= beta2 < 1 and dropout < 1):
-    fail("learning_rate must be > 0, and beta1, beta2 and dropout in [0, 1)")
-if dtype not in ("float32", "bfloat16"):
-    fail(f"dtype={dtype!r}: expected float32 or bfloat16")
-if device.startswith("cuda") and not torch.cuda.is_available():
-    fail(f"device={device!r}, but this machine has no CUDA device (or torch is a CPU build); use --device=cpu")
-if not device.startswith(("cpu", "cuda")):
-    fail(f"device={device!r}: expected cpu or cuda[:N]")
-if init_from not in ("scratch", "resume"):
-    fail(f"init_from={init_from!r}: expected scratch or resume")
-check_writable(out_dir, "out_dir")
-if probe_interval:  # local probe tasks are read now, so a bad one stops the run before it starts (the hub's: at step 0)
-    try:
-        for task in probe_tasks.split(","):
-            if probe_glue_dir or task.upper() not in map(str.upper, GLUE):
-                load_task(task, probe_glue_dir or None, probe_max_train)
-    except EvalError as e:
-        fail(f"probe_tasks: {e}")
 # -----------------------------------------------------------------------------
-
+# setup: processes, the batch, data, model, optimizer
 ddp = "RANK" in os.environ  # set by torchrun
 rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")) if ddp else (0, 0, 1)
 master = rank == 0
-
+config, ckpt = checkpoint.check_run(settings, world_size)  # every setting checked; the checkpoint to resume, if any
+n_views, _, n_predicted = config.views
 # the batch: total_batch_size is fixed; each process takes an equal share of a step's rows, in micro-steps of
 # at most batch_size rows, so any number of processes sees the same data (see get_batch)
 rows_per_step = total_batch_size // block_size
-if total_batch_size % block_size or rows_per_step % world_size or not rows_per_step:
-    quantum = block_size * world_size
-    lo = max(quantum, total_batch_size // quantum * quantum)
-    fail(f"total_batch_size={total_batch_size} must be a multiple of block_size x processes = {block_size} x "
-         f"{world_size} = {quantum}; the nearest values that work are {lo} and {lo + quantum}")
 rows_per_process = rows_per_step // world_size
 micro_batch = max(b for b in range(1, min(batch_size, rows_per_process) + 1) if rows_per_process % b == 0)
 grad_accum = rows_per_process // micro_batch  # micro-steps per process per optimizer step
@@ -176,40 +134,25 @@ torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
 autocast = nullcontext() if dtype == "float32" else torch.autocast(device_type, dtype=getattr(torch, dtype))
 
-# data: memory-mapped token files, prepared on first use for the built-in corpus
+# data: memory-mapped token files (the built-in corpus is prepared on first use), the compact vocabulary's map, and
+# the unigram baseline, what a model that ignores context scores on val (data/loader.py)
 data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset)
-if dataset == "tinybooks" and not os.path.exists(os.path.join(data_dir, "val.bin")):
-    if master:
-        from data.tinybooks.prepare import prepare
-        prepare()
-    if ddp:
-        dist.barrier()
+if dataset == "tinybooks" and not os.path.exists(os.path.join(data_dir, "val.bin")) and master:
+    from data.tinybooks.prepare import prepare
+    prepare()
+if ddp:
+    dist.barrier()
 try:
-    windows = {split: TokenWindows(os.path.join(data_dir, f"{split}.bin"), block_size) for split in ("train", "val")}
+    windows, vocab_map, unigram = load_splits(data_dir, block_size, vocab_size)
 except (FileNotFoundError, ValueError) as e:
     fail(f"{e} (prepare it with data/<corpus>/prepare.py --out_dir={data_dir})")
-counts = {split: w.counts for split, w in windows.items()}
-vocab_map = compact_vocab(counts["train"], vocab_size) if vocab_size else None
-if vocab_map is not None:  # token counts in the model's own ids, for the unigram baseline
-    counts = {split: np.bincount(vocab_map, weights=c, minlength=vocab_size) for split, c in counts.items()}
-# a model that ignores context and predicts the train split's token frequencies scores this on val:
-# a val loss near it means the model has learned word frequencies and nothing else
-unigram = unigram_loss(counts["train"], counts["val"])
-
-model = MODELS[model_type](config)
-if vocab_map is not None:
-    model.vocab_map.copy_(torch.from_numpy(vocab_map))
-torch.manual_seed(seed + rank)  # dropout differs by process; the data does not depend on this (see get_batch)
 
 
 def get_batch(split, index, rows=slice(None)):
-    """Rows `rows` of batch number `index` of `split` (a step's rows_per_step rows), on the device: the model's
-    arguments, the tokens and the model's random inputs (model.draw(): the views, ELECTRA's sampling uniforms).
-
-    Every row's window and random inputs are a function of (seed, split, index, row), so any split of a batch
-    over processes and micro-steps sees the same data, and a resumed run continues exactly. The seed changes the
-    training data and the initial weights, nothing else.
-    """
+    """Rows `rows` of batch `index` of `split` (a step's rows_per_step rows), on the device: the model's arguments,
+    the tokens and its random inputs (model.draw(): the views, ELECTRA's sampling uniforms). Every row is a function
+    of (seed, split, index, row), so any split of a batch over processes and micro-steps sees the same data, and a
+    resumed run continues exactly. The seed changes the training data and the initial weights, nothing else."""
     # validation batches are the same for every seed (the default seed's), so val losses compare across seeds
     key = np.random.SeedSequence([seed if split == "train" else 1337, split == "val", index]).generate_state(2)
     idx = windows[split].sample(rows_per_step, key, rows)
@@ -224,68 +167,27 @@ def get_batch(split, index, rows=slice(None)):
     return batch
 
 
-def rng_state():
-    """The state of the generator that dropout draws from (the data has its own, see get_batch)."""
-    return torch.cuda.get_rng_state(device) if device_type == "cuda" else torch.get_rng_state()
-
-
-def set_rng_state(state):
-    torch.cuda.set_rng_state(state.cpu(), device) if device_type == "cuda" else torch.set_rng_state(state.cpu())
-
-
-# -----------------------------------------------------------------------------
-# model, optimizer, resume
-ckpt_path = os.path.join(out_dir, "ckpt.pt")
-step, tokens_seen, flops_seen = 0, 0, 0.0
+model = MODELS[model_type](config)
+if vocab_map is not None:
+    model.vocab_map.copy_(torch.from_numpy(vocab_map))
+torch.manual_seed(seed + rank)  # dropout differs by process; the data does not depend on this (see get_batch)
 model.to(device)
 if fsdp:  # FSDP2: each block's parameters, gradients and optimizer state are sharded over the processes
-    if not ddp:
-        fail("fsdp=True shards over processes: launch with torchrun --nproc_per_node=N (N > 1), or drop fsdp")
     from torch.distributed.fsdp import fully_shard
     for block in [*model.blocks, *getattr(model, "predictor", []), *getattr(model, "generator", [])]:
         fully_shard(block)
     fully_shard(model)
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
-# checkpoints hold full (unsharded) state dicts, keyed by parameter name, so probe.py reads any run's checkpoint
-# and a run can resume with or without FSDP; with FSDP, gathering them is a collective over every process
-FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
-# settings a resumed run may change; any other difference would break "resume continues exactly"
-RESUMABLE = {"init_from", "out_dir", "max_iters", "max_flops", "eval_interval", "eval_iters", "log_interval",
-             "probe_interval", "probe_tasks", "probe_glue_dir", "probe_max_train", "compile", "device", "batch_size",
-             "fsdp", "overwrite"}
-if init_from == "resume":
-    if not os.path.exists(ckpt_path):
-        fail(f"init_from=resume: no checkpoint at {ckpt_path}; check out_dir or start with init_from=scratch")
-    try:
-        ckpt = checkpoint.read_checkpoint(ckpt_path)  # on the CPU: the state is copied into the model and optimizer
-    except ValueError as e:
-        fail(f"{e} (or start over: --init_from=scratch --overwrite=True)")
-    if ckpt["model_type"] != model_type:
-        fail(f"{ckpt_path} holds a {ckpt['model_type']} model but model_type={model_type}; "
-             f"pass --model_type={ckpt['model_type']} or use another out_dir")
-    now = asdict(config)
-    diff = {k: (v, now.get(k)) for k, v in ckpt["model_args"].items() if now.get(k) != v}
-    if diff:
-        fail(f"{ckpt_path} was trained with a different model config (checkpoint vs now): {diff}; "
-             f"pass the checkpoint's settings or use another out_dir")
-    diff = {k: (v, settings.get(k)) for k, v in ckpt["config"].items() if k not in RESUMABLE and settings.get(k) != v}
-    if diff:
-        fail(f"{ckpt_path} was trained with different settings (checkpoint vs now): {diff}; a resumed run "
-             f"continues exactly only with the same ones: pass them, or use another out_dir")
-    set_model_state_dict(model, ckpt["model"], options=FULL)
-    set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=FULL)
-    step, tokens_seen, flops_seen = ckpt["step"], ckpt["tokens"], ckpt["flops"]
-    if ckpt.get("rng_device", device_type) == device_type:
-        set_rng_state(ckpt["rng"][rank % len(ckpt["rng"])])
-    else:  # a generator's state cannot move between device types; only dropout draws from it (data has its own)
+ckpt_path = os.path.join(out_dir, "ckpt.pt")
+step, tokens_seen, flops_seen, resumed_max_iters = 0, 0, 0.0, None
+if ckpt:  # resume: its weights, optimizer and RNG states, copied in (checkpoint.restore)
+    if not checkpoint.restore(ckpt, model, optimizer, rank, torch.device(device)):  # only dropout draws from it
         log(f"note: {ckpt_path} holds {ckpt['rng_device']} RNG states and this run is on {device_type}: dropout draws a "
             f"fresh stream{' (dropout is 0: nothing changes)' if not dropout else ', so the run is no longer exact'}")
-    log(f"resumed from {ckpt_path} at step {step}")
+    step, tokens_seen, flops_seen = ckpt["step"], ckpt["tokens"], ckpt["flops"]
     resumed_max_iters = ckpt.get("max_iters")  # the run's length after its budget (older checkpoints: unknown)
+    log(f"resumed from {ckpt_path} at step {step}")
     del ckpt  # the copies live in the model and optimizer now
-elif os.path.exists(ckpt_path) and not overwrite:
-    fail(f"{out_dir} already holds a checkpoint ({ckpt_path}); resume it with --init_from=resume, pick another "
-         "--out_dir, or pass --overwrite=True to replace it")
 raw_model = model  # checkpoints hold its state_dict: no "_orig_mod." or "module." prefixes
 if compile:
     model = torch.compile(model)
@@ -295,15 +197,15 @@ if ddp and not fsdp:  # the only buffers are the RoPE tables and the vocabulary 
 flops_per_step = training_flops(config, model_type, rows_per_step)  # all processes together
 if max_flops:  # a compute budget: the most steps that fit in it, and the LR schedule follows
     max_iters = budget_steps(max_flops, flops_per_step)
-if init_from == "resume" and resumed_max_iters not in (None, max_iters):
+if resumed_max_iters not in (None, max_iters):
     log(f"note: the run was {resumed_max_iters} steps long and is now {max_iters}: the cosine schedule follows the new "
         f"length from step {step} on, so this run equals neither length run from scratch")
 tokens_per_step = rows_per_step * block_size               # input tokens: unique data
 positions_per_step = rows_per_step * n_views * block_size  # view positions: what complementary masking multiplies
 peak = peak_flops(torch.device(device), getattr(torch, dtype)) * world_size  # every device's peak
-log(f"{model_type}: {raw_model.num_params() / 1e6:.2f}M parameters ({raw_model.num_params(True) / 1e6:.2f}M non-embedding), "
-    f"vocabulary {config.vocab_size}, mask ratio {n_predicted / block_size:.4g}, {n_views} view(s) per row, "
-    f"{n_views * n_predicted} of {block_size} positions predicted per row")
+log(f"{model_type}: {raw_model.num_params() / 1e6:.2f}M parameters ({raw_model.num_params(True) / 1e6:.2f}M "
+    f"non-embedding), vocabulary {config.vocab_size}, mask ratio {n_predicted / block_size:.4g}, {n_views} view(s) "
+    f"per row, {n_views * n_predicted} of {block_size} positions predicted per row")
 log(f"{world_size} process(es) x {grad_accum} micro-step(s) x {micro_batch} rows x {block_size} tokens "
     f"= {total_batch_size} tokens per step; {flops_per_step / 1e9:.2f} GFLOPs per step; {max_iters} steps = "
     f"{max_iters * flops_per_step:.2e} FLOPs; device {device}, {dtype}")
@@ -320,8 +222,8 @@ def get_lr(it):
 
 
 def metrics(loss, stats):
-    """What a step reports, as one tensor: the loss, then the model's stats (a composite loss's parts; see
-    model.py). Summed on the device and read only when logging, so there is no host sync per step."""
+    """A step's loss, then the model's stats (a composite loss's parts), as one tensor: summed on the device and
+    read only when logging, so there is no host sync per step."""
     return torch.stack([loss.detach().float(), *(v.float() for v in stats.values())])
 
 
@@ -351,22 +253,12 @@ def estimate_val_loss():
 
 def save_checkpoint():
     """Gather every process's state and write out_dir/ckpt.pt (atomically: see checkpoint.py)."""
-    rng = [rng_state()]
-    if ddp:  # every rank's dropout stream, so a resume continues each exactly
-        mine = rng[0].to(device)  # nccl gathers GPU tensors only
-        rng = [torch.empty_like(mine) for _ in range(world_size)]
-        dist.all_gather(rng, mine)
-        rng = [r.cpu() for r in rng]
-    state = get_model_state_dict(raw_model, options=FULL)
-    optim_state = get_optimizer_state_dict(raw_model, optimizer, options=FULL)
-    if not master:
-        return
-    ckpt = {"model": state, "optimizer": optim_state, "model_type": model_type,
-            "model_args": asdict(config), "config": settings, "step": step, "tokens": tokens_seen,
-            "flops": flops_seen, "rng": rng, "rng_device": device_type,
-            "max_iters": max_iters}
-    checkpoint.save_checkpoint(ckpt_path, ckpt)
-    log(f"saved checkpoint to {ckpt_path} (step {step})")
+    state = checkpoint.run_state(raw_model, optimizer, torch.device(device))  # every process takes part
+    if master:
+        checkpoint.save_checkpoint(ckpt_path, {**state, "model_type": model_type, "model_args": asdict(config),
+                                               "config": settings, "step": step, "tokens": tokens_seen,
+                                               "flops": flops_seen, "max_iters": max_iters})
+        log(f"saved checkpoint to {ckpt_path} (step {step})")
 
 
 def stop_non_finite(what, value):
@@ -380,7 +272,7 @@ def run_probe():
     from probe import probe_tasks as probe
     target = raw_model
     if fsdp:  # a sharded model cannot run on one process alone: probe an unsharded copy
-        state = get_model_state_dict(raw_model, options=FULL)
+        state = checkpoint.model_state(raw_model)
         if master:
             target = type(raw_model)(config).to(device)
             target.load_state_dict(state)
@@ -390,21 +282,7 @@ def run_probe():
     return scores
 
 
-log_path = os.path.join(out_dir, "log.jsonl")
-if master:
-    os.makedirs(out_dir, exist_ok=True)
-    kept = []
-    if init_from == "resume" and os.path.exists(log_path):  # drop what the resumed run will write again
-        with open(log_path) as f:
-            records = [json.loads(line) for line in f]
-        # the step's training record stays; its validation record will be written again
-        kept = [r for r in records if r["step"] < step or (r["step"] == step and "loss" in r)]
-    if init_from == "scratch" and os.path.exists(ckpt_path):  # overwrite=True: the old run ends here, so a crash
-        os.remove(ckpt_path)                                    # before the first save cannot leave it beside the new log
-    with open(log_path + ".tmp", "w") as f:  # a scratch run starts a new log: records never mix across runs
-        f.writelines(json.dumps(r) + "\n" for r in kept)
-    os.replace(log_path + ".tmp", log_path)
-log_file = open(log_path, "a") if master else None
+log_file = checkpoint.start_log(out_dir, step if init_from == "resume" else None) if master else None
 
 
 def write_log(record):
@@ -416,19 +294,10 @@ def write_log(record):
 write_log({"step": step, "unigram_loss": round(unigram, 4), "max_iters": max_iters, "flops_per_step": flops_per_step,
            "tokens_per_step": tokens_per_step, "positions_per_step": positions_per_step, "world_size": world_size,
            "peak_flops_per_device": peak / world_size, "mask_ratio": n_predicted / block_size})
-
-
-def on_interrupt(kind, value, tb):
-    """Ctrl-C: one line that names the checkpoint to resume from (checkpoint.save_checkpoint holds a Ctrl-C that
-    lands mid-write until the file is whole, so no temp file is left behind)."""
-    if not issubclass(kind, KeyboardInterrupt):
-        return excepthook(kind, value, tb)  # user_errors_hook's: one line for a path that cannot be written
-    where = (f"the last checkpoint is {ckpt_path}; continue with --init_from=resume --out_dir={out_dir}"
-             if os.path.exists(ckpt_path) else "no checkpoint was written yet")
-    print(f"train.py: interrupted at step {step}; {where}", file=sys.stderr)
-
-
-excepthook, sys.excepthook = sys.excepthook, on_interrupt
+# Ctrl-C: one line naming the checkpoint to resume from (a Ctrl-C mid-save is held until the file is whole)
+interrupt_hook("train.py", lambda: f"interrupted at step {step}; " + (
+    f"the last checkpoint is {ckpt_path}; continue with --init_from=resume --out_dir={out_dir}"
+    if os.path.exists(ckpt_path) else "no checkpoint was written yet"))
 
 # -----------------------------------------------------------------------------
 # training loop

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import torch
 
-from data.tokenizer import VOCAB_SIZE
+from data.tokenizer import VOCAB_SIZE, compact_vocab
 
 FIX = "rebuild it with its prepare script, e.g. python data/tinybooks/prepare.py"
 
@@ -60,3 +60,16 @@ def unigram_loss(train_counts, val_counts):
     add-one smoothed over len(train_counts) ids: what a model that ignores context scores."""
     p = (train_counts + 1) / (train_counts.sum() + len(train_counts))
     return float(-(val_counts * np.log(p)).sum() / val_counts.sum())
+
+
+def load_splits(data_dir, block_size, vocab_size=0):
+    """(windows, vocab_map, unigram) of a prepared corpus: the TokenWindows of its train and val splits, the map of a
+    compact vocabulary of vocab_size ids (data/tokenizer.py; None for 0, GPT-2's ids) and the unigram baseline in the
+    model's own ids: what a model that ignores context and predicts the train split's token frequencies scores on val.
+    A val loss near it means the model has learned word frequencies and nothing else."""
+    windows = {split: TokenWindows(os.path.join(data_dir, f"{split}.bin"), block_size) for split in ("train", "val")}
+    counts = {split: w.counts for split, w in windows.items()}
+    vocab_map = compact_vocab(counts["train"], vocab_size) if vocab_size else None
+    if vocab_map is not None:  # token counts in the model's own ids
+        counts = {split: np.bincount(vocab_map, weights=c, minlength=vocab_size) for split, c in counts.items()}
+    return windows, vocab_map, unigram_loss(counts["train"], counts["val"])

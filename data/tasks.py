@@ -1,6 +1,6 @@
 """
 The evaluation sets, read and checked: GLUE tasks (the official TSV layout, or the hub) and task folders
-of the user's for probe.py; STS sets and BEIR retrieval folders for embed.py and mteb_eval.py.
+of the user's for probe.py; STS sets and BEIR retrieval folders for embed.py.
 
 Bad input is an EvalError whose message names the file (and line), the problem and the fix.
 """
@@ -149,6 +149,16 @@ def folder_task(folder):
                         "two classes")
     metrics = ("pearson", "spearman") if classes is None else ("acc", "macro_f1") if len(classes) > 2 else ("acc",)
     return classes, metrics, {s: (texts, to_labels(raw, classes, paths[s])) for s, (texts, raw) in data.items()}
+
+
+def task_list(spec):
+    """Task names or folders from a comma-separated list, where a folder without train.tsv stands for its subfolders
+    (e.g. ../shared/devtasks)."""
+    out = []
+    for t in filter(None, spec.split(",")):
+        is_parent = os.path.isdir(t) and not os.path.exists(os.path.join(t, "train.tsv"))
+        out += sorted(os.path.join(t, d) for d in os.listdir(t) if os.path.isdir(os.path.join(t, d))) if is_parent else [t]
+    return out
 
 
 def load_task(name, glue_dir=None, max_train=0, seed=1337):

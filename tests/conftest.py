@@ -8,7 +8,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "experiments")]  # the scripts, as `python x.py` finds them
 torch.set_num_threads(1)  # the tests use tiny tensors: one thread is faster than two that wait on each other
 
 

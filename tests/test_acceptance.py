@@ -19,7 +19,7 @@ def test_smoke_run_writes_the_report(tmp_path):
             (d / f"{split}.tsv").write_text("\n".join(rows) + "\n")
         tasks.append(str(d))
     report = tmp_path / "report" / "cpu.md"
-    out = subprocess.run([sys.executable, "acceptance.py", "--smoke", f"--tasks={','.join(tasks)}",
+    out = subprocess.run([sys.executable, "experiments/acceptance.py", "--smoke", f"--tasks={','.join(tasks)}",
                           f"--report={report}", f"--work_dir={tmp_path / 'work'}", "--device=cpu"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stdout + out.stderr

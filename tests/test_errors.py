@@ -18,13 +18,13 @@ TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--compil
 CASES = [
     (["--max_iters=-5"], "max_iters=-5: must be at least 1"),
     (["--max_iters=0"], "max_iters=0: must be at least 1"),
-    (["--grad_clip=-1"], "grad_clip=-1.0: must be >= 0"),
+    (["--grad_clip=-1"], "grad_clip=-1.0: must be at least 0"),
     (["--cms=no"], "cms must be a bool"),
     (["--pred_layer=0"], "pred_layer=0: CrossBERT needs a predictor"),
     (["--model_type=electra", "--gen_layer=0"], "gen_layer=0: ELECTRA needs a generator of at least 1 block"),
     (["--model_type=electra", "--gen_width=0"], "gen_width=0.0: ELECTRA's generator width is a fraction"),
     (["--model_type=electra", "--random_replace=True"], "random_replace (BERT's 80/10/10) would show ELECTRA's"),
-    (["--rtd_weight=-1"], "rtd_weight=-1.0: must be >= 0"),
+    (["--rtd_weight=-1"], "rtd_weight=-1.0: must be at least 0"),
     (["--mask_ratio=half"], "mask_ratio must be a float"),
     (["--mask_ratio=1.5"], "mask_ratio=1.5: must be strictly between 0 and 1"),
     (["--n_head=3", "--n_embd=64"], "n_embd=64 must split into n_head=3 heads"),
@@ -129,13 +129,13 @@ def test_bad_setting_is_one_line(args, message, dataset, world, tmp_path, monkey
 BASE = {
     "probe.py": ["--ckpt=random", "--n_layer=1", "--n_embd=32", "--n_head=2", "--tasks={w}/task3"],
     "embed.py": ["--ckpt=random", "--n_layer=1", "--n_embd=32", "--n_head=2", "--sts={w}/sts.tsv"],
-    "sweep.py": ["--glue_dir=", "--glue_tasks=", "--sts=", "--tasks={w}/task3", "--out_dir={w}/sweep", "--axes=main", "--families=bert",
-                 "--random_seeds=0", "--compile=False"],
+    "experiments/sweep.py": ["--glue_dir=", "--glue_tasks=", "--sts=", "--tasks={w}/task3", "--out_dir={w}/sweep",
+                             "--axes=main", "--families=bert", "--random_seeds=0", "--compile=False"],
     "bench.py": ["--n_layer=1", "--n_embd=32", "--n_head=2", "--block_size=32", "--compile=False", "--warmup=0",
                  "--steps=1", "--batch_size=2", "--dtype=float32", "--device=cpu"],
     "flops.py": [],
-    "acceptance.py": ["--smoke", "--device=cpu", "--tasks={w}/task3", "--report={w}/report/cpu.md",
-                      "--work_dir={w}/work"],
+    "experiments/acceptance.py": ["--smoke", "--device=cpu", "--tasks={w}/task3", "--report={w}/report/cpu.md",
+                                  "--work_dir={w}/work"],
     "data/local/prepare.py": ["--input={w}/corpus", "--out_dir={w}/prepared", "--val_every=2"],
     "data/tinybooks/prepare.py": [],
 }
@@ -154,12 +154,14 @@ WORLD = [
     ("embed.py", ["--pairs={w}/pairs.tsv", "--batch_size=0"], "--batch_size=0: contrastive training needs at least 2"),
     ("embed.py", ["--pairs={w}/pairs.tsv", "--batch_size=1"], "--batch_size=1: contrastive training needs at least 2"),
     ("embed.py", ["--steps=0"], "--steps at least 1 (got 0)"),
-    ("sweep.py", ["--out_dir={w}/afile/sweep"], "--out_dir={w}/afile/sweep: {w}/afile is a file, not a folder"),
-    ("sweep.py", ["--tasks={w}/latin1_task"], "--tasks: {w}/latin1_task/train.tsv:3: not UTF-8 text"),
-    ("sweep.py", ["{w}/broken.py", "--dry_run"], "{w}/broken.py:2: '(' was never closed"),
-    ("sweep.py", ["{w}/latin1.py", "--dry_run"], "{w}/latin1.py:2: not UTF-8 text"),
-    ("sweep.py", ["--nproc=-1", "--dry_run"], "--nproc=-1: must be >= 0 (0 = the preset's)"),
-    ("sweep.py", ["--axes=main,mask_ratio", "--dry_run"], "--axes: unknown mask_ratio; expected a comma-separated"),
+    ("experiments/sweep.py", ["--out_dir={w}/afile/sweep"],
+     "--out_dir={w}/afile/sweep: {w}/afile is a file, not a folder"),
+    ("experiments/sweep.py", ["--tasks={w}/latin1_task"], "--tasks: {w}/latin1_task/train.tsv:3: not UTF-8 text"),
+    ("experiments/sweep.py", ["{w}/broken.py", "--dry_run"], "{w}/broken.py:2: '(' was never closed"),
+    ("experiments/sweep.py", ["{w}/latin1.py", "--dry_run"], "{w}/latin1.py:2: not UTF-8 text"),
+    ("experiments/sweep.py", ["--nproc=-1", "--dry_run"], "--nproc=-1: must be at least 0 (0 = the preset's)"),
+    ("experiments/sweep.py", ["--axes=main,mask_ratio", "--dry_run"],
+     "--axes: unknown mask_ratio; expected a comma-separated"),
     ("bench.py", ["{w}/broken.py"], "{w}/broken.py:2: '(' was never closed"),
     ("bench.py", ["{w}/latin1.py"], "{w}/latin1.py:2: not UTF-8 text"),
     ("bench.py", ["--steps=0"], "--steps=0: must be at least 1"),
@@ -170,12 +172,16 @@ WORLD = [
     ("flops.py", ["--n_embd=64", "--n_head=3"], "must split into n_head=3 heads"),
     ("flops.py", ["--n_layer=0"], "n_layer=0: must be at least 1"),
     ("probe.py", ["--ckpt=random", "--n_embd=64", "--n_head=3", "--tasks={w}/task3"], "must split into n_head=3 heads"),
-    ("acceptance.py", ["--report={w}/afile/cpu.md"], "--report={w}/afile/cpu.md: {w}/afile is a file, not a folder"),
-    ("acceptance.py", ["--work_dir={w}/afile/work"], "--work_dir={w}/afile/work: {w}/afile is a file, not a folder"),
-    ("acceptance.py", ["--tasks={w}/latin1_task"], "--tasks: {w}/latin1_task/train.tsv:3: not UTF-8 text"),
-    ("acceptance.py", ["{w}/broken.py"], "{w}/broken.py:2: '(' was never closed"),
-    ("acceptance.py", ["--max_train=2"], "--tasks: task {w}/task3: max_train=2 keeps fewer than the 3 training"),
-    ("acceptance.py", ["--bench_steps=0"], "--bench_steps=0: must be at least 1"),
+    ("experiments/acceptance.py", ["--report={w}/afile/cpu.md"],
+     "--report={w}/afile/cpu.md: {w}/afile is a file, not a folder"),
+    ("experiments/acceptance.py", ["--work_dir={w}/afile/work"],
+     "--work_dir={w}/afile/work: {w}/afile is a file, not a folder"),
+    ("experiments/acceptance.py", ["--tasks={w}/latin1_task"],
+     "--tasks: {w}/latin1_task/train.tsv:3: not UTF-8 text"),
+    ("experiments/acceptance.py", ["{w}/broken.py"], "{w}/broken.py:2: '(' was never closed"),
+    ("experiments/acceptance.py", ["--max_train=2"],
+     "--tasks: task {w}/task3: max_train=2 keeps fewer than the 3 training"),
+    ("experiments/acceptance.py", ["--bench_steps=0"], "--bench_steps=0: must be at least 1"),
     ("data/local/prepare.py", ["--out_dir={w}/afile/out"], "--out_dir={w}/afile/out: {w}/afile is a file, not a"),
     ("data/local/prepare.py", ["--input={w}/latin1_corpus"], "{w}/latin1_corpus/0.txt:2: not UTF-8 text (byte 0xe9"),
     ("data/local/prepare.py", ["--input={w}/latin1.jsonl"], "{w}/latin1.jsonl:2: not UTF-8 text (byte 0xe9 at column"),
@@ -273,10 +279,11 @@ def test_resumed_log_has_no_duplicates_and_scratch_log_is_new(dataset, tmp_path)
     ("bench.py", ["--n_layr=2"], "unknown setting 'n_layr'"),
     ("flops.py", ["--n_embd=big"], "n_embd must be a int"),
     ("flops.py", ["--block_size=33"], "CrossBERT: CMS with mask_ratio=0.5 cuts each sequence into 2 views"),
-    ("sweep.py", ["--preset=tpu"], "--preset='tpu': expected one of cpu, cpu-gutenberg, gpu"),
-    ("noise.py", ["--like=no/such.pt"], "no/such.pt: no such checkpoint"),
-    ("noise.py", ["--like=x", "--init_seeds=1"], "--init_seeds and --probe_seeds: at least 2 each"),
-    ("noise.py", ["--like=x", "--out=README.md/noise.json"], "README.md is a file, not a folder; pick another --out"),
+    ("experiments/sweep.py", ["--preset=tpu"], "--preset='tpu': expected one of cpu, cpu-gutenberg, gpu"),
+    ("experiments/noise.py", ["--like=no/such.pt"], "no/such.pt: no such checkpoint"),
+    ("experiments/noise.py", ["--like=x", "--init_seeds=1"], "--init_seeds and --probe_seeds: at least 2 each"),
+    ("experiments/noise.py", ["--like=x", "--out=README.md/noise.json"],
+     "README.md is a file, not a folder; pick another --out"),
 ])
 def test_other_scripts_end_bad_input_in_one_line(script, args, message, tmp_path):
     out = subprocess.run([sys.executable, script, *args, *([f"--out_dir={tmp_path / 'out'}"] if "prepare" in script
@@ -291,7 +298,10 @@ def test_ctrl_c_names_the_checkpoint(dataset, tmp_path):
     import time
     cmd = [sys.executable, "-u", "train.py", *TINY, f"--dataset={dataset}", f"--out_dir={tmp_path}",
            "--total_batch_size=64", "--eval_interval=1", "--max_iters=100000"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # a Ctrl-C at a terminal: the child gets SIGINT's default action even where this process has it ignored (a
+    # background job's, whose children would ignore the signal too, except while a checkpoint is saved)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     for line in proc.stdout:  # wait until a checkpoint exists
         if line.startswith("saved checkpoint"):
             break

@@ -1,4 +1,5 @@
-"""The top-level modules (*.py at the root and data/*.py) import each other without a cycle.
+"""The top-level modules (*.py at the root and data/*.py) import each other without a cycle, and none of them, nor
+any file under data/ or config/, imports from experiments/ (the research harness).
 
 A cycle works until someone imports the modules in another order, or imports inside a function (a lazy import
 counts here too: it closes the circle as soon as it runs). The files are parsed, never imported.
@@ -59,8 +60,8 @@ def find_cycle(graph):
 
 def test_no_import_cycle():
     graph = import_graph(ROOT)
-    assert {"embed", "mteb_eval", "features", "data.tasks"} <= graph.keys()  # it found the files
-    assert "mteb_eval" in graph["embed"]  # and embed.py's lazy import of it, inside run()
+    assert {"embed", "probe", "features", "data.tasks"} <= graph.keys()  # it found the files
+    assert "probe" in graph["train"]  # and train.py's lazy import of it, inside run_probe()
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
@@ -77,3 +78,28 @@ def test_the_cycle_finder_sees_lazy_and_package_imports(tmp_path):
     assert find_cycle(graph) == ["a", "data.b", "data.c", "a"]
     (tmp_path / "data" / "c.py").write_text("def f():\n    import os\n")
     assert find_cycle(import_graph(tmp_path)) is None
+
+
+def harness_imports(root):
+    """[(file, module)] for every import of experiments/ (the folder, or a module in it) by a file of the core: the
+    root's *.py, and every .py file under data/ and config/."""
+    harness = {"experiments", *(p.stem for p in (root / "experiments").glob("*.py"))}
+    found = []
+    for path in [*root.glob("*.py"), *root.glob("data/**/*.py"), *root.glob("config/**/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            found += [(str(path.relative_to(root)), n) for n in names if n.split(".")[0] in harness]
+    return found
+
+
+def test_the_core_does_not_import_the_experiments(tmp_path):
+    assert {"sweep.py", "report.py", "stats.py", "noise.py", "acceptance.py"} <= {
+        p.name for p in (ROOT / "experiments").glob("*.py")}
+    assert harness_imports(ROOT) == []
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "stats.py").write_text("T = 1\n")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "train.py").write_text("def f():\n    from stats import T  # lazy, still an import\n")
+    (tmp_path / "data" / "x.py").write_text("import experiments.stats\nfrom . import y\n")
+    assert harness_imports(tmp_path) == [("train.py", "stats"), ("data/x.py", "experiments.stats")]

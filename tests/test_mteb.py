@@ -5,7 +5,6 @@ import torch
 
 pytest.importorskip("mteb")
 import embed  # noqa: E402  (after the skip: without mteb there is nothing to test here)
-import mteb_eval  # noqa: E402
 from data.tasks import EvalError  # noqa: E402
 from model import CrossBERT, ModelConfig  # noqa: E402
 
@@ -16,9 +15,9 @@ def test_glue_sts_b_through_mteb_equals_our_zero_shot_score(shared_dir, tmp_path
     sts = shared_dir / "glue" / "STS-B"
     torch.manual_seed(0)
     model = CrossBERT(ModelConfig(**TINY)).eval()
-    tasks = mteb_eval.get_tasks(str(sts))  # loaded from the local dev.tsv, no hub
+    tasks = embed.mteb_tasks(str(sts))  # loaded from the local dev.tsv, no hub
     assert [t.metadata.name for t in tasks] == ["STS-B"] and len(tasks[0].dataset["test"]) == 1500
-    scores = mteb_eval.run(model, None, tasks, tmp_path, "crossbert/zero-shot", "random")
+    scores = embed.mteb_scores(model, None, tasks, tmp_path, "crossbert/zero-shot", "random")
     ours = embed.zero_shot_sts(model, sts)
     assert 5 < abs(ours) < 100 and scores == {"mteb/STS-B": pytest.approx(ours, abs=1e-6)}
     saved = json.loads((tmp_path / "results/crossbert__zero-shot/random/STS-B.json").read_text())  # mteb's layout
@@ -43,4 +42,4 @@ def test_command_line_scores_every_row_through_mteb(tmp_path, capsys):
 
 def test_unknown_task_is_a_clear_error():
     with pytest.raises(EvalError, match="no mteb task 'NoSuchTask' and no such path"):
-        mteb_eval.get_tasks("NoSuchTask")
+        embed.mteb_tasks("NoSuchTask")

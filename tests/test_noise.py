@@ -8,7 +8,7 @@ import pytest
 import noise
 from checkpoint import save_checkpoint
 from model import CrossBERT, ModelConfig
-from sweep import T95
+from stats import T95
 
 
 def test_noise_measures_each_source_and_writes_every_score(tmp_path, capsys):

@@ -1,4 +1,6 @@
-"""sweep.py: the plan, matched budgets, --dry_run, and resuming without retraining."""
+"""sweep.py: the plan, matched budgets, --dry_run, and resuming without retraining; report.py's tables and stats.py's
+intervals and trends."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -9,6 +11,8 @@ import numpy as np
 import pytest
 import torch
 
+import report
+import stats
 import sweep
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -16,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_dry_run_trains_nothing(tmp_path):
     out = tmp_path / "sw"
-    r = subprocess.run([sys.executable, "sweep.py", "--preset=cpu", "--dry_run", f"--out_dir={out}"], cwd=ROOT,
+    r = subprocess.run([sys.executable, "experiments/sweep.py", "--preset=cpu", "--dry_run", f"--out_dir={out}"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "bert-4x128" in r.stdout and "crossbert-4x128" in r.stdout and "minutes" in r.stdout
@@ -56,7 +60,7 @@ def test_every_run_has_a_micro_batch_that_fills_the_device(preset, nproc):
 
 
 def test_dry_run_prints_the_batch_split():
-    r = subprocess.run([sys.executable, "sweep.py", "--preset=gpu", "--dry_run"], cwd=ROOT, capture_output=True,
+    r = subprocess.run([sys.executable, "experiments/sweep.py", "--preset=gpu", "--dry_run"], cwd=ROOT, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     line = next(x for x in r.stdout.splitlines() if x.strip().startswith("bert-16x1024 "))
@@ -69,11 +73,11 @@ def test_budgets_select_a_subset_of_the_plan():
     some = sweep.plan(p, ["main"], ("crossbert",), seeds=3, budgets={"1.4e14", "5.4e14"})
     assert [n for n, _, _ in some] == [f"crossbert-4x256-{b}{s}" for b in ("1.4e14", "5.4e14") for s in ("", "-s1", "-s2")]
     assert all(s in [e for _, _, e in everything] for _, _, s in some)  # the same settings, only fewer runs
-    r = subprocess.run([sys.executable, "sweep.py", "--preset=cpu-gutenberg", "--dry_run", "--budgets=1.35e14,3e14"],
+    r = subprocess.run([sys.executable, "experiments/sweep.py", "--preset=cpu-gutenberg", "--dry_run", "--budgets=1.35e14,3e14"],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "3e14 not in preset cpu-gutenberg" in r.stderr
     assert "its budgets are 3.4e13,6.8e13,1.4e14,2.7e14,5.4e14" in r.stderr
-    r = subprocess.run([sys.executable, "sweep.py", "--preset=cpu-gutenberg", "--dry_run", "--budgets=2.7e14",
+    r = subprocess.run([sys.executable, "experiments/sweep.py", "--preset=cpu-gutenberg", "--dry_run", "--budgets=2.7e14",
                         "--families=bert", "--seeds=2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert [x.split()[0] for x in r.stdout.splitlines() if x.startswith("  bert")] == \
@@ -140,11 +144,10 @@ def test_sweep_runs_probes_and_resumes(tmp_path, monkeypatch):
     md = (out / "results.md").read_text()
     assert "| bert-1x32 |" in md.split("## Every run")[0] and "| crossbert − bert | 2 |" in md
     assert md.split("## Every run")[1].strip().count("\n") == 1 + len(results)
-    try:
-        import matplotlib  # noqa: F401  (optional: the plots need it)
+    if importlib.util.find_spec("matplotlib"):  # an optional extra: the plots need it
         assert (out / "probe_vs_flops.png").stat().st_size > 10_000 and (out / "val_loss_vs_flops.png").exists()
-    except ImportError:
-        pass
+    else:
+        assert not list(out.glob("*.png"))
 
     def no_training(*args):
         raise AssertionError("a finished run was trained again")
@@ -168,7 +171,7 @@ def test_summary_aggregates_seeds_and_pairs_them():
     results += [run("crossbert", k, 61 + 2 * k, 50 - k, "main") for k in range(3)]
     results += [run("crossbert", k, 60, 50, "random") for k in range(3)]
     results += [run("electra", k, 59 + 3 * k, 52, "main") for k in range(2)]  # two seeds only: pairs where both ran
-    md = sweep.summarize(results)
+    md = report.summarize(results)
     bert = next(line for line in md.splitlines() if line.startswith("| bert-4x256 |"))
     # trained 60, 62, 64 (mean 62, sd 2); twins 58, 59, 60 (59 ± 1); paired differences 2, 3, 4: mean 3, sd 1,
     # 95% half-width 4.303 / sqrt(3) = 2.48
@@ -196,7 +199,7 @@ def test_crossing_is_the_first_budget_above_the_twins_or_the_trend_extrapolated(
     results = [run(b, k, lin[b][k], knn[b][k]) for b in lin for k in range(2)]
     results += [dict(name=f"random-bert-4x256-s{k}", axis="random", seed=k, shape="4x256", model_type="bert",
                      settings={}, flops=0, scores=dict(linear_avg=0.0, knn_avg=0.0)) for k in range(2)]
-    md = sweep.summarize(results)
+    md = report.summarize(results)
     # linear: budget means -4, -2, 0, so 2 points per doubling and 0 at 2^42 = 4.4e12; residuals ±0.5 over 6 points
     # (4 df, t 2.78): slope half-width 2.78 sqrt(0.375 / 4) = 0.85; the crossing's log2 half-width
     # 2.78 sqrt(0.375 / 6 / 4 + 4 * 0.375 / 4 / 16) = 0.549, so 2^41.451 = 3.0e12 to 2^42.549 = 6.4e12
@@ -205,13 +208,13 @@ def test_crossing_is_the_first_budget_above_the_twins_or_the_trend_extrapolated(
     assert "| bert | kNN | 4.40e+12 (+2.1 [+0.8, +3.4]) |" in md and md.split("| bert | kNN |")[1].split("\n")[0].endswith("| - |")
     flat = [dict(r, scores=dict(linear_avg=-2.0 + 0.1 * r["seed"], knn_avg=-1.0)) if r["axis"] == "main" else r
             for r in results]
-    md = sweep.summarize(flat)  # no rise: no crossing is extrapolated
+    md = report.summarize(flat)  # no rise: no crossing is extrapolated
     assert "| bert | linear | not reached | +0.00 [" in md and "no rise beyond its interval: not extrapolated" in md
 
 
 def test_a_barely_rising_trend_extrapolates_without_overflow():
     # the line rises significantly but so slowly that it reaches 0 near 2^2500 FLOPs: shown as a power of two
-    slope, hw, x0, x0_hw = sweep.trend([(2.0 ** b, -100 + 0.04 * b + e) for b in (40, 41, 42) for e in (-1e-3, 1e-3)])
+    slope, hw, x0, x0_hw = stats.trend([(2.0 ** b, -100 + 0.04 * b + e) for b in (40, 41, 42) for e in (-1e-3, 1e-3)])
     assert slope == pytest.approx(0.04) and hw < 0.01 and x0 == pytest.approx(2500, rel=1e-6)
     results = [dict(name=f"bert-{b}-s{k}", axis="main", seed=k, shape="4x256", model_type="bert",
                     settings=dict(max_flops=2.0 ** b, n_layer=4, n_embd=256), flops=2.0 ** b, val_loss=5.0,
@@ -221,5 +224,5 @@ def test_a_barely_rising_trend_extrapolates_without_overflow():
                      settings={}, flops=0, scores=dict(linear_avg=0.0, knn_avg=0.0)) for k in range(2)]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no overflow warning either
-        md = sweep.summarize(results)
+        md = report.summarize(results)
     assert "| bert | linear | not reached | +0.04 [+0.04, +0.04] | 2^2500 [2^" in md

@@ -2,8 +2,8 @@
 The instrument's noise: how far the probe averages move when nothing but a seed changes, and so how large a
 difference between two models the instrument can detect.
 
-    python noise.py --like=out/ckpt.pt --tasks=../shared/devtasks                      # init and probe seeds
-    python noise.py --like=out/ckpt.pt --trained=a/ckpt.pt,b/ckpt.pt,c/ckpt.pt         # + training seeds
+    python experiments/noise.py --like=out/ckpt.pt --tasks=../shared/devtasks              # init and probe seeds
+    python experiments/noise.py --like=out/ckpt.pt --trained=a/ckpt.pt,b/ckpt.pt,c/ckpt.pt # + training seeds
 
 Three sources, each varied alone: the random init (random twins of --like, seeds 1337, 1338, ...), the probe's
 seed (which max_train examples are kept and which part of them picks λ and k), and, with --trained, the training
@@ -19,12 +19,13 @@ import sys
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from checkpoint import load_checkpoint
 from configurator import check_writable, fail, user_errors
-from data.tasks import EvalError, load_task
+from data.tasks import EvalError, load_task, task_list
 from features import features, random_twin, tokenize
 from probe import probe
-from sweep import t95, task_list
+from stats import t95
 
 
 def averages(model, tasks, seed):

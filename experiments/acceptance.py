@@ -1,6 +1,6 @@
 """
 The GPU acceptance run: one command that shows, on the first GPU it meets, that the GPU path works and what
-it gives, in about 8 minutes on one H200, and writes results/gpu/<device>.md (and .json):
+it gives, in about 8 minutes on one H200, and writes experiments/results/gpu/<device>.md (and .json):
 
   1. bench.py at BERT-base shape (12 x 768, T = 512) for BERT, CrossBERT and ELECTRA: tokens/s, MFU, peak
      memory, and the flash check (a training step and encode() with only FlashAttention allowed);
@@ -9,9 +9,9 @@ it gives, in about 8 minutes on one H200, and writes results/gpu/<device>.md (an
      full vocabulary, the budget sized to the time left, batch and learning rate from sweep.py's gpu power laws;
   4. both checkpoints probed like their twins, and the time each part took.
 
-    python acceptance.py                     # a GPU, with ../shared (the Gutenberg corpus, the devtasks)
-    python acceptance.py --smoke             # tiny shapes on the CPU, about a minute: the same code path
-    python acceptance.py --minutes=20 --corpus=path/to/texts --tasks=path/to/task_folders
+    python experiments/acceptance.py         # a GPU, with ../shared (the Gutenberg corpus, the devtasks)
+    python experiments/acceptance.py --smoke # tiny shapes on the CPU, about a minute: the same code path
+    python experiments/acceptance.py --minutes=20 --corpus=path/to/texts --tasks=path/to/task_folders
 
 Every part is written to the report as soon as it ends, and a part that fails is reported, not fatal, so a run
 cut short still says what it measured.
@@ -26,17 +26,18 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo root: bench.py, train.py, data/
+sys.path.insert(0, ROOT)
 import bench
 from checkpoint import load_checkpoint
-from configurator import check_writable, configure, fail, user_errors
-from data.tasks import EvalError, load_task
+from configurator import at_least, check_writable, configure, fail, user_errors
+from data.tasks import EvalError, load_task, task_list
 from features import features, tokenize
 from flops import fastest_dtype, flops_per_position, peak_flops
 from model import MODELS, make_config
 from probe import probe
 from sweep import PRESETS, run_settings, steps_for, train
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
 settings = dict(
     smoke=False,              # tiny shapes, the built-in corpus, CPU-sized budgets: checks the path, measures nothing
     minutes=8.0,              # the whole run's target wall time; the pair's FLOP budget is what is left of it ...
@@ -50,19 +51,13 @@ settings = dict(
     tasks="../shared/devtasks",  # a folder of task folders (train.tsv, dev.tsv), or a comma-separated list of them
     max_train=10000,          # training examples per task for the probes (a seeded subset)
     random_seeds=2,           # random-init twins per model
-    report="",                # "" = results/gpu/<device>.md
+    report="",                # "" = experiments/results/gpu/<device>.md
     work_dir="out-acceptance",  # the pair's checkpoints and logs
     device="cuda" if torch.cuda.is_available() else "cpu",
     compile=True,
 )
 SMOKE = dict(minutes=2.0, pair_flops=1e11, n_layer=2, n_head=2, n_embd=64, block_size=64, batch_size=4, bench_steps=2, eval_iters=1,
              dataset="tinybooks", max_train=200, random_seeds=1, compile=False)
-
-
-def task_folders(spec):
-    if os.path.isdir(spec) and not os.path.exists(os.path.join(spec, "train.tsv")):
-        return sorted(os.path.join(spec, d) for d in os.listdir(spec) if os.path.isdir(os.path.join(spec, d)))
-    return spec.split(",")
 
 
 def tokenized_tasks(names, max_train, block_size):
@@ -159,24 +154,45 @@ def pair_settings(s, flops):
     return out
 
 
+def train_pair(s, budget):
+    """{model: what its run did}: BERT and CrossBERT trained by train.py at `budget` training FLOPs each. A run
+    that fails is reported ({"error": ...}), not fatal."""
+    runs = {}
+    for m, r in pair_settings(s, budget).items():
+        run_dir = os.path.join(s["work_dir"], m)
+        t0 = time.time()
+        try:
+            train(f"acceptance {m}", {**r, "overwrite": True}, run_dir, 1, s["compile"])
+        except SystemExit as e:  # train() reports a failed run by exiting; keep going to the report
+            runs[m] = dict(error=str(e))
+            continue
+        log = [json.loads(line) for line in open(os.path.join(run_dir, "log.jsonl"))]
+        vals = [x for x in log if "val_loss" in x]
+        steps = [x for x in log if "loss" in x]
+        runs[m] = dict(settings=r, seconds=time.time() - t0, val_loss=vals[-1]["val_loss"], flops=vals[-1]["flops"],
+                       tokens=vals[-1]["tokens"], unigram=log[0]["unigram_loss"], steps=steps[-1]["step"],
+                       mfu=np.median([x["mfu"] for x in steps]) if steps else None,
+                       ms_per_step=np.median([x["ms_per_step"] for x in steps]) if steps else None,
+                       val_curve=[(x["step"], x["val_loss"]) for x in vals])
+    return runs
+
+
 def main(argv):
-    s = configure(settings, argv)
+    s = configure(settings, argv, help_from=[__file__])
     if s["smoke"]:
         s.update({k: v for k, v in SMOKE.items() if f"--{k}" not in {a.split("=")[0] for a in argv}})
     device = torch.device(s["device"])
     dtype = fastest_dtype(device.type)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    report_path = s["report"] or os.path.join(ROOT, "results", "gpu", name.replace(" ", "-") + ".md")
-    for key in ("batch_size", "bench_steps", "eval_iters"):
-        if s[key] < 1:
-            fail(f"--{key}={s[key]}: must be at least 1")
+    report_path = s["report"] or os.path.join(ROOT, "experiments", "results", "gpu", name.replace(" ", "-") + ".md")
+    at_least(s, 1, ("batch_size", "bench_steps", "eval_iters"))
     check_writable(report_path, "--report", folder=False)
     check_writable(s["work_dir"], "--work_dir")
     t_start = time.time()
     deadline = t_start + 60 * s["minutes"]
     try:
-        names = task_folders(s["tasks"])
+        names = task_list(s["tasks"])
         tasks = tokenized_tasks(names, s["max_train"], s["block_size"])
     except EvalError as e:
         fail(f"--tasks: {e}")
@@ -193,7 +209,7 @@ def main(argv):
     peak = peak_flops(device, getattr(torch, dtype))
     header = (f"# Acceptance run on {name}\n\n{time.strftime('%Y-%m-%d')}, torch {torch.__version__}"
               f"{f', CUDA {torch.version.cuda}' if device.type == 'cuda' else ''}, {dtype}; "
-              f"`python acceptance.py {' '.join(argv)}` (target {s['minutes']:g} min)."
+              f"`python experiments/acceptance.py {' '.join(argv)}` (target {s['minutes']:g} min)."
               + ("\n\n**Smoke run**: tiny shapes on the built-in corpus; it checks the path and measures nothing."
                  if s["smoke"] else ""))
     report = Report(report_path, header)
@@ -222,28 +238,9 @@ def main(argv):
     per_run = (deadline - t0 - 2 * probe_s - 10) / 2
     budget = s["pair_flops"] or min(((per_run - benched[m]["warmup_s"] - 15) * 0.8 * benched[m]["flops_per_s"]
                                      for m in ("bert", "crossbert") if m in benched), default=0)
-    runs = {}
-    if budget <= 0:
-        md = f"## 3. BERT vs CrossBERT at matched FLOPs\n\nNot run: no time left for it ({per_run:.0f} s per run)."
-    else:
-        rs = pair_settings(s, budget)
-        for m, r in rs.items():
-            run_dir = os.path.join(s["work_dir"], m)
-            t1 = time.time()
-            try:
-                train(f"acceptance {m}", {**r, "overwrite": True}, run_dir, 1, s["compile"])
-            except SystemExit as e:  # train() reports a failed run by exiting; keep going to the report
-                runs[m] = dict(error=str(e))
-                continue
-            log = [json.loads(line) for line in open(os.path.join(run_dir, "log.jsonl"))]
-            vals = [x for x in log if "val_loss" in x]
-            steps = [x for x in log if "loss" in x]
-            runs[m] = dict(settings=r, seconds=time.time() - t1, val_loss=vals[-1]["val_loss"], flops=vals[-1]["flops"],
-                           tokens=vals[-1]["tokens"], unigram=log[0]["unigram_loss"], steps=steps[-1]["step"],
-                           mfu=np.median([x["mfu"] for x in steps]) if steps else None,
-                           ms_per_step=np.median([x["ms_per_step"] for x in steps]) if steps else None,
-                           val_curve=[(x["step"], x["val_loss"]) for x in vals])
-        md = pair_table(runs, budget, train_tokens, s)
+    runs = train_pair(s, budget) if budget > 0 else {}
+    md = pair_table(runs, budget, train_tokens, s) if budget > 0 else (
+        f"## 3. BERT vs CrossBERT at matched FLOPs\n\nNot run: no time left for it ({per_run:.0f} s per run).")
     report.add("pair training", time.time() - t0, md, dict(budget=budget, runs=runs))
 
     # 4. the trained pair, probed like its twins

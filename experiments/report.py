@@ -1,0 +1,205 @@
+"""
+The sweep's report, from its results.jsonl records: results.md (trained against random init, the crossing, the
+families at equal FLOPs, every run) and, with matplotlib (optional: pip install matplotlib), the plots.
+"""
+import importlib.util
+import os
+
+import numpy as np
+
+from model import MODELS
+from stats import fmt, trend, verdict
+
+
+def seed_of(r):
+    return r.get("seed", 0)
+
+
+def shape_of(r):
+    return r.get("shape") or f"{r['settings']['n_layer']}x{r['settings']['n_embd']}"
+
+
+def init_diffs(rs, twins, key):
+    """trained − init on score `key` for each run of rs whose twin (its family's, shape's and seed's random run)
+    is in twins, a dict (family, shape) -> {seed: scores}."""
+    return [r["scores"][key] - twins[r["model_type"], shape_of(r)][seed_of(r)][key] for r in rs
+            if seed_of(r) in twins.get((r["model_type"], shape_of(r)), {})]
+
+
+def crossing(rs, twins, key):
+    """One row of the crossing table for a family's main runs rs: the first budget where trained beats its random
+    twins (paired by seed, the interval above 0), and the trend of trained − init over budgets."""
+    by_budget = {}
+    for r in rs:
+        by_budget.setdefault(r["settings"]["max_flops"], []).append(r)
+    diffs = {b: d for b, runs in sorted(by_budget.items()) if (d := init_diffs(runs, twins, key))}
+    first = next((b for b, d in diffs.items() if verdict(d) == "above"), None)
+    reached = f"{first:.2e} ({fmt(diffs[first], True)})" if first else "not reached"
+    fit = trend([(b, x) for b, d in diffs.items() for x in d])
+    if fit is None:
+        return [reached, "one budget: no trend yet", "-"]
+    slope, hw, x0, x0_hw = fit
+    if first:
+        where = "-"
+    elif slope - hw <= 0:
+        where = "no rise beyond its interval: not extrapolated"
+    elif x0 + x0_hw < 1000:  # FLOPs as a number while a float holds them
+        where = f"{2 ** x0:.1e} [{2 ** (x0 - x0_hw):.1e}, {2 ** (x0 + x0_hw):.1e}]"
+    else:
+        where = f"2^{x0:.0f} [2^{x0 - x0_hw:.0f}, 2^{x0 + x0_hw:.0f}]"
+    return [reached, f"{slope:+.2f} [{slope - hw:+.2f}, {slope + hw:+.2f}]", where]
+
+
+def summarize(results):
+    """The sweep's answer, as markdown: each main cell against its random twins, and the families against each other
+    at equal FLOPs, on the primary average (linear_avg, knn_avg). Differences are paired by training seed: a run
+    against its own initial weights (the twin of the same seed), CrossBERT seed k against BERT seed k (the same
+    data order). Intervals are 95% Student-t intervals of the mean difference over seeds; mean ± sd elsewhere."""
+    main = [r for r in results if r["axis"] == "main"]
+    twins = {}  # (family, shape) -> {seed: scores}
+    for r in results:
+        if r["axis"] == "random":
+            twins.setdefault((r["model_type"], shape_of(r)), {})[seed_of(r)] = r["scores"]
+    cells = {}
+    for r in main:
+        cells.setdefault(r.get("cell", r["name"]), []).append(r)
+    lines = ["## Trained against random init", "",
+             "Primary average (linear / kNN probes), mean ± sd over training seeds; random init: the twins of that "
+             "family and shape (twin k = training seed k's initial weights); trained − init paired by seed, "
+             "[95% interval].", "",
+             "| cell | train FLOPs | seeds | val loss | unigram | linear | init linear | trained − init | kNN | "
+             "init kNN | trained − init | verdict (linear / kNN) |", "|" + "---|" * 12]
+    for name, rs in sorted(cells.items(), key=lambda kv: (kv[1][0]["model_type"], kv[1][0]["flops"])):
+        tw = twins.get((rs[0]["model_type"], shape_of(rs[0])), {})
+        row = [name, f"{np.mean([r['flops'] for r in rs]):.2e}", str(len(rs)), fmt([r["val_loss"] for r in rs], places=3),
+               f"{rs[0]['unigram_loss']:.3f}"]
+        verdicts = []
+        for key in ("linear_avg", "knn_avg"):
+            paired = init_diffs(rs, twins, key)
+            row += [fmt([r["scores"][key] for r in rs]), fmt([t[key] for t in tw.values()]) if tw else "-",
+                    fmt(paired, signed=True) if paired else "-"]
+            verdicts.append(verdict(paired) if paired else "-")
+        lines.append("| " + " | ".join(row + [" / ".join(verdicts)]) + " |")
+    lines += ["", "## The crossing", "", "The smallest budget at which a family's trained runs beat their random twins "
+              "(the 95% interval of trained − init above 0), and the least-squares trend of trained − init against "
+              "log2 FLOPs (every seed a point) in points per doubling, [95% interval]; where no budget beats the "
+              "twins yet and the trend rises, the FLOPs where the line reaches 0 (an extrapolation, [95% range]).", "",
+              "| family | probe | beats its twins from | trend per doubling | extrapolated crossing (FLOPs) |",
+              "|" + "---|" * 5]
+    for fam in sorted({r["model_type"] for r in main}):
+        rs = [r for r in main if r["model_type"] == fam]
+        for key, probe in (("linear_avg", "linear"), ("knn_avg", "kNN")):
+            lines.append("| " + " | ".join([fam, probe] + crossing(rs, twins, key)) + " |")
+    lines += ["", "## Families at equal FLOPs", "", "CrossBERT minus each baseline, and ELECTRA minus BERT, at the same "
+              "budget and shape, paired by training seed, [95% interval].", "",
+              "| budget | shape | comparison | seeds | linear | kNN | verdict (linear / kNN) |", "|" + "---|" * 7]
+    budgets = {}
+    for r in main:
+        budgets.setdefault((r["settings"]["max_flops"], shape_of(r)), {}).setdefault(r["model_type"], {})[seed_of(r)] = r
+    for (budget, shp), fams in sorted(budgets.items()):
+        for fam, ref in (("crossbert", "bert"), ("electra", "bert"), ("crossbert", "electra")):
+            common = sorted(set(fams.get(fam, ())) & set(fams.get(ref, ())))
+            if not common:
+                continue
+            diffs = {key: [fams[fam][k]["scores"][key] - fams[ref][k]["scores"][key] for k in common]
+                     for key in ("linear_avg", "knn_avg")}
+            lines.append(f"| {budget:.2e} | {shp} | {fam} − {ref} | {len(common)} | {fmt(diffs['linear_avg'], True)} | "
+                         f"{fmt(diffs['knn_avg'], True)} | {verdict(diffs['linear_avg'])} / {verdict(diffs['knn_avg'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_markdown(results, out_dir):
+    """out_dir/results.md: the summary, then every run (written whole, then renamed)."""
+    tmp = os.path.join(out_dir, "results.md.tmp")
+    with open(tmp, "w") as f:
+        f.write(summarize(results) + "\n## Every run\n\n" + table(results))
+    os.replace(tmp, os.path.join(out_dir, "results.md"))
+
+
+def table(results):
+    tasks = sorted({k.rsplit("/", 1)[0] for r in results for k in r["scores"] if "/" in k})
+    glue = any("glue_linear_avg" in r["scores"] for r in results)
+    head = ["run", "axis", "params (M)", "train FLOPs", "steps", "input tokens", "val loss", "unigram",
+            "linear avg", "kNN avg"] + ["GLUE linear", "GLUE kNN"] * glue + ["STS 0-shot"] + [f"{t} lin/kNN" for t in tasks]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in results:
+        sc = r["scores"]
+        cells = [r["name"], r["axis"], f"{r['params'] / 1e6:.2f}", f"{r['flops']:.2e}" if r["flops"] else "0",
+                 str(r["steps"]), f"{r['tokens']:,}", f"{r['val_loss']:.3f}" if r["val_loss"] else "-",
+                 f"{r['unigram_loss']:.3f}" if r["unigram_loss"] else "-", f"{sc['linear_avg']:.1f}",
+                 f"{sc['knn_avg']:.1f}"]
+        cells += [f"{sc[k]:.1f}" if k in sc else "-" for k in ("glue_linear_avg", "glue_knn_avg")] * glue
+        cells += [f"{sc['sts_zero_shot']:.1f}" if "sts_zero_shot" in sc else "-"]
+        cells += [f"{sc[t + '/linear']:.1f} / {sc[t + '/knn']:.1f}" if t + "/linear" in sc else "-" for t in tasks]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(results, out_dir):
+    """Draws the sweep's figures into out_dir; returns their file names (none without matplotlib, an optional extra)."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return []
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    colors = dict(zip(MODELS, ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange")))
+    main = [r for r in results if r["axis"] == "main"]
+    written = []
+
+    fig, axs = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, key, title in zip(axs, ("linear_avg", "knn_avg", "sts_zero_shot"),
+                              ("linear probe, primary average", "kNN probe, primary average",
+                               "zero-shot STS (Spearman)")):
+        for fam in colors:
+            cells = {}  # budget -> this family's scores over training seeds, and its shape's random twins
+            for r in main:
+                if r["model_type"] == fam and key in r["scores"]:
+                    cells.setdefault(r["flops"] and r["settings"]["max_flops"], (shape_of(r), []))[1].append(r["scores"][key])
+            if not cells:
+                continue
+            xs = sorted(cells)
+            ax.errorbar(xs, [np.mean(cells[x][1]) for x in xs], fmt="o-", color=colors[fam], capsize=3, label=fam,
+                        yerr=[np.std(cells[x][1], ddof=1) if len(cells[x][1]) > 1 else 0 for x in xs])
+            twins = [[t["scores"][key] for t in results if t["axis"] == "random" and t["model_type"] == fam
+                      and shape_of(t) == cells[x][0] and key in t["scores"]] for x in xs]
+            if all(twins):
+                ax.errorbar(xs, [np.mean(t) for t in twins], yerr=[np.std(t, ddof=1) if len(t) > 1 else 0 for t in twins],
+                            fmt="x--", color=colors[fam], alpha=0.6, capsize=3, label=f"{fam} random init")
+        ax.set(xscale="log", xlabel="training FLOPs", title=title + " (mean ± sd over seeds)")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decades only: no overlapping labels
+        if ax.has_data():  # a score no run has (zero-shot STS with --sts=) leaves its panel empty
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "probe_vs_flops.png"), dpi=120)
+    written.append("probe_vs_flops.png")
+
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    budgets = sorted({r["settings"]["max_flops"] for r in main})
+    for r in main:  # colour: the family; line style: the size
+        curve = [(x["flops"], x["val_loss"]) for x in r["log"] if "val_loss" in x and x["flops"]]
+        style = ("-", "--", "-.", ":")[(len(budgets) - 1 - budgets.index(r["settings"]["max_flops"])) % 4]
+        ax.plot(*zip(*curve), style, color=colors[r["model_type"]], alpha=0.8, label=r["name"])
+        ax.axhline(r["unigram_loss"], color="gray", ls=":", lw=0.8)
+    ax.set(xscale="log", xlabel="training FLOPs", ylabel="val masked-token loss (nats)",
+           title="val loss (ELECTRA: its generator's; dotted: unigram)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "val_loss_vs_flops.png"), dpi=120)
+    written.append("val_loss_vs_flops.png")
+
+    cms = [r for r in results if r["axis"] == "cms"]
+    if cms:
+        ref = next((r for r in main if r["name"] == cms[0]["name"].removesuffix("-nocms")), None)
+        fig, ax = plt.subplots(figsize=(6, 4.2))
+        for r, label in ((ref, "CMS on (2 views)"), (cms[0], "CMS off (1 view)")):
+            if r:
+                curve = [(x["tokens"], x["val_loss"]) for x in r["log"] if "val_loss" in x and x["tokens"]]
+                ax.plot(*zip(*curve), "o-", label=f"{label}: {r['name']}")
+        ax.set(xlabel="unique training tokens", ylabel="val masked-token loss (nats)",
+               title="complementary masking at equal unique tokens")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, "cms_tokens.png"), dpi=120)
+        written.append("cms_tokens.png")
+    plt.close("all")
+    return written

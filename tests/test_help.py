@@ -1,0 +1,56 @@
+"""--help on every script: what it does, then its settings with their defaults and the comments beside them."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from configurator import setting_comments
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# (script, how its help begins, a setting's row: its start and a fragment of its comment)
+SETTINGS_SCRIPTS = [
+    ("train.py", "Pretrain BERT, CrossBERT or ELECTRA", "--vocab_size=8192", "frequent ids + <unk>, <mask>, <pad>"),
+    ("bench.py", "Times full training steps", "--warmup=3", "untimed steps first"),
+    ("flops.py", "Analytic parameter and FLOP counts", "--n_layer=4", "encoder depth"),  # ModelConfig's comment
+    ("experiments/sweep.py", "The paper's comparison at your scale", "--micro_batch=0", "0 = the preset's"),
+    ("experiments/acceptance.py", "The GPU acceptance run", "--report=", "experiments/results/gpu/<device>.md"),
+]
+
+
+@pytest.mark.parametrize("script,begins,setting,comment", SETTINGS_SCRIPTS, ids=[r[0] for r in SETTINGS_SCRIPTS])
+def test_help_lists_the_settings_with_defaults_and_comments(script, begins, setting, comment):
+    out = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith(begins), out.stdout + out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.split()[:1] == [setting])
+    assert comment in row
+
+
+@pytest.mark.parametrize("script,option", [("probe.py", "--layers"), ("embed.py", "--save_pooler"),
+                                           ("experiments/noise.py", "--init_seeds"),
+                                           ("data/local/prepare.py", "--val_every")])
+def test_help_of_argparse_scripts(script, option):
+    out = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("usage: ") and option in out.stdout, out.stderr
+
+
+def test_setting_comments_reads_the_settings_not_later_code(tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(
+        "PRESETS = dict(a=dict(steps=5,  # a preset's steps, not the setting\n"
+        "                      width=2))\n"
+        "steps = 3              # how many steps\n"
+        "width = 4              # the width,\n"
+        "                       # in channels\n"
+        "plain = 1\n"
+        "# a section header, not a continuation\n"
+        "settings = dict(rate=0.1,  # the rate\n"
+        "                name='x')\n"
+        "steps = 7  # after the settings: not read\n")
+    found = setting_comments(script)
+    assert {k: found.get(k) for k in ("steps", "width", "plain", "rate", "name")} == {
+        "steps": "how many steps", "width": "the width, in channels", "plain": None, "rate": "the rate", "name": None}
+    (tmp_path / "config.py").write_text("class C:\n    steps: int = 3  # the field's comment\n"
+                                        "def f(steps=4):  # a later use\n    pass\n")
+    assert setting_comments(tmp_path / "config.py") == {"steps": "the field's comment"}  # no settings: the first
