@@ -28,6 +28,9 @@ trains on every token, but on a flat encoder; the discriminator is the encoder t
     with torch.no_grad():
         feats = model.encode(idx).mean(dim=1)                # frozen features (8, 256)
 
+All three are built of one pre-norm block (attention with rotary positions, a GeGLU MLP) and share the LM head (a
+prediction head, then the decoder tied to the token embeddings, with a bias); docs/block.md measures each part.
+
 Every model's forward is forward(idx, *draws) -> (loss, stats): draws are draw()'s random inputs (the views, and
 ELECTRA's sampling uniforms), drawn inside when not given; stats are the detached parts of a composite loss
 (ELECTRA's: mlm_loss, its generator's masked-token loss, and the RTD terms), empty for BERT and CrossBERT. BERT and

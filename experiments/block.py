@@ -17,7 +17,6 @@ block without one), crossbert and electra (on the new block, at BERT's FLOPs), p
 """
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from sweep import fmt  # noqa: E402
+from stats import fmt  # noqa: E402
 
 RECIPE = dict(model_type="bert", n_layer=4, n_head=4, n_embd=256, block_size=128, vocab_size=8192, max_iters=721,
               learning_rate=1.2956e-3, min_lr=1.2956e-4, warmup_iters=36, total_batch_size=2048, batch_size=16,
@@ -144,7 +143,7 @@ def table(results):
                   "| comparison | seeds | val loss | linear | kNN |", "|---" * 5 + "|"]
         for base in ("old", "new", "peer"):
             for name, seeds in by.items():
-                wanted = {"old": not name.startswith("new-"), "new": name.startswith("new-"),
+                wanted = {"old": not name.startswith("new-") and name != "peer", "new": name.startswith("new-"),
                           "peer": name in ("old", "new", "crossbert", "electra")}[base]
                 if name == base or base not in by or not wanted:
                     continue
