@@ -139,8 +139,8 @@ def table(results):
                 cells += [fmt([avg(r["trained"][p]) for r in runs]), fmt([avg(r["twin"][p]) for r in runs]),
                           fmt([avg(r["trained"][p]) - avg(r["twin"][p]) for r in runs], signed=True)]
             lines.append("| " + " | ".join(cells) + " |")
-        lines += ["", "Paired by seed (mean [95% interval]):", "",
-                  "| comparison | seeds | val loss | linear | kNN |", "|---" * 5 + "|"]
+        pairs_table = ["", "Paired by seed (mean [95% interval]):", "",
+                       "| comparison | seeds | val loss | linear | kNN |", "|---" * 5 + "|"]
         for base in ("old", "new", "peer"):
             for name, seeds in by.items():
                 wanted = {"old": not name.startswith("new-") and name != "peer", "new": name.startswith("new-"),
@@ -152,9 +152,10 @@ def table(results):
                     continue
                 pairs = [(seeds[s], by[base][s]) for s in common]
                 diff = lambda f, places=1: fmt([f(x) - f(y) for x, y in pairs], signed=True, places=places)
-                lines.append(f"| {name} − {base} | {len(common)} | {diff(lambda r: r['val_loss'], 3)} | "
-                             f"{diff(lambda r: avg(r['trained']['linear']))} | {diff(lambda r: avg(r['trained']['knn']))} |")
-        lines.append("")
+                pairs_table.append(f"| {name} − {base} | {len(common)} | {diff(lambda r: r['val_loss'], 3)} | "
+                                   f"{diff(lambda r: avg(r['trained']['linear']))} | "
+                                   f"{diff(lambda r: avg(r['trained']['knn']))} |")
+        lines += (pairs_table if len(pairs_table) > 5 else []) + [""]
     return "\n".join(lines)
 
 

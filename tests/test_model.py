@@ -354,3 +354,13 @@ def test_model_config_refuses_shapes_no_model_can_have():
     # a script's settings: other keys are ignored, and vocab_size 0 is GPT-2's full vocabulary
     c = make_config({"model_type": "bert", "n_layer": 3, "vocab_size": 0, "learning_rate": 1e-3, "out_dir": "x"})
     assert c.n_layer == 3 and c.vocab_size == 50304 and c.mask_ratio == 0.2
+
+
+def test_checkpoints_from_before_the_block_settings_load_as_the_old_block(tmp_path):
+    from checkpoint import load_checkpoint, save_checkpoint
+    model = tiny("bert", **OLD_BLOCK)
+    args = {k: v for k, v in asdict(model.config).items() if k not in OLD_BLOCK}  # as such checkpoints hold them
+    save_checkpoint(tmp_path / "ckpt.pt", dict(model=model.state_dict(), model_type="bert", model_args=args))
+    loaded, _ = load_checkpoint(tmp_path / "ckpt.pt")
+    assert loaded.config == model.config
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in loaded.state_dict().items())

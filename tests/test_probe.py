@@ -202,8 +202,8 @@ def test_checkpoint_and_train_monitor(tmp_path):
     glue = str(tiny_glue(tmp_path / "glue"))
     torch.manual_seed(0)
     model = CrossBERT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=32))
-    args = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
-    torch.save(dict(model=model.state_dict(), model_type="crossbert", model_args=args, step=7), tmp_path / "ckpt.pt")
+    torch.save(dict(model=model.state_dict(), model_type="crossbert", model_args=asdict(model.config), step=7),
+               tmp_path / "ckpt.pt")
     probe.main([f"--ckpt={tmp_path / 'ckpt.pt'}", f"--glue_dir={glue}", "--tasks=SST-2", f"--out={tmp_path / 'p.json'}"])
     from_ckpt = json.loads((tmp_path / "p.json").read_text())["tasks"]["SST-2"]["layers"]["2"]
     model.train()
