@@ -15,7 +15,6 @@ import time
 
 import torch
 
-from masking import view_shape
 
 
 def mlp_params(config):
@@ -46,7 +45,7 @@ def lm_head_flops(config, M):
 def forward_flops(config, model_type):
     """Forward FLOPs for one input row (all its views)."""
     C, T, L = config.n_embd, config.block_size, config.n_layer
-    V, K, M = view_shape(T, config.mask_ratio, config.cms)
+    V, K, M = config.views
     head = lm_head_flops(config, M)  # at the target positions only
     if model_type == "bert":
         per_view = L * self_block_flops(config, T) + head
@@ -72,7 +71,7 @@ def budget_steps(max_flops, flops_per_step):
 
 def flops_per_position(config, model_type):
     """Training FLOPs per sequence position covered (rows x views x block_size): what tokens/s counts."""
-    V, _, _ = view_shape(config.block_size, config.mask_ratio, config.cms)
+    V, _, _ = config.views
     return training_flops(config, model_type) / (V * config.block_size)
 
 

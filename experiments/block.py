@@ -56,7 +56,8 @@ def settings_of(name, corpus, seed):
     if name in ("crossbert", "electra"):  # as many steps as fit in BERT's FLOPs on the new block
         from flops import training_flops
         from model import make_config
-        bert = training_flops(make_config(dict(s, model_type="bert")), "bert", s["total_batch_size"] // 128)
+        rows = s["total_batch_size"] // s["block_size"]
+        bert = training_flops(make_config(dict(s, model_type="bert")), "bert", rows)
         s.pop("max_iters")
         s.update(model_type=name, max_flops=bert * RECIPE["max_iters"])
     return s
