@@ -16,7 +16,9 @@ user_errors_hook()), and checks where it will write (check_writable) before it s
 import ast
 import errno
 import os
+import socket
 import sys
+import time
 import tokenize
 import traceback
 from contextlib import contextmanager
@@ -103,6 +105,24 @@ def at_least(settings, minimum, names, note=""):
     for name in names:
         if settings[name] < minimum:
             fail(f"--{name}={settings[name]}: must be at least {minimum}{note}")
+
+
+def reach_master(seconds, script="train.py"):
+    """A process of a multi-process run launched with MASTER_ADDR and MASTER_PORT (torchrun's workers, or a
+    scheduler's): wait until the master's address answers, for at most `seconds` (the master may start later), then
+    end in one line that names the address and the fix, rather than block in init_process_group for 30 minutes."""
+    addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection((addr, port), timeout=5).close()
+            return
+        except OSError as e:
+            if time.monotonic() > deadline:
+                fail(f"rank {os.environ.get('RANK')} cannot reach the master at {addr}:{port} after {seconds:g}s "
+                     f"({e.strerror or e}); start node rank 0 too, check --master_addr and --master_port, and that the "
+                     "port is open between the nodes (join_timeout sets the wait)", script)
+            time.sleep(1)
 
 
 def check_device(device, dtype):

@@ -45,7 +45,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 from checkpoint import save_checkpoint
@@ -53,48 +52,8 @@ from configurator import check_writable, fail, user_errors
 from data.pairs import pair_stream
 from data.tasks import EvalError, read_beir, read_jsonl, read_sts, utf8_lines
 from features import add_model_args, embed_texts, load_model, mean_pool, pad
+from poolers import POOLERS
 from probe import spearman
-
-# ----------------------------------------------------------------------------
-# Poolers: (B, T, C) token states + (B, T) padding mask -> (B, C) embedding.
-# Both start out as exactly plain mean pooling (our choice), so training moves away from the zero-shot row.
-
-class MeanPooler(nn.Module):
-    """Mean pooling, then a learned linear head."""
-
-    def __init__(self, n_embd, n_head):
-        super().__init__()
-        self.head = nn.Linear(n_embd, n_embd, bias=False)
-        nn.init.eye_(self.head.weight)
-
-    def forward(self, h, mask):
-        return self.head(mean_pool(h, mask))
-
-
-class AttentionPooler(nn.Module):
-    """One learned query cross-attends the token states; padded tokens are masked out."""
-
-    def __init__(self, n_embd, n_head):
-        super().__init__()
-        self.n_head = n_head
-        self.query = nn.Parameter(torch.zeros(n_embd))  # zero query: uniform attention, i.e. mean pooling
-        self.k = nn.Linear(n_embd, n_embd, bias=False)
-        self.v = nn.Linear(n_embd, n_embd, bias=False)
-        self.proj = nn.Linear(n_embd, n_embd, bias=False)
-        nn.init.normal_(self.k.weight, std=0.02)
-        nn.init.eye_(self.v.weight)
-        nn.init.eye_(self.proj.weight)
-
-    def forward(self, h, mask):
-        B, T, C = h.shape
-        q = self.query.view(1, self.n_head, 1, -1).expand(B, -1, -1, -1)
-        k = self.k(h).view(B, T, self.n_head, -1).transpose(1, 2)
-        v = self.v(h).view(B, T, self.n_head, -1).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.bool()[:, None, None, :])
-        return self.proj(y.reshape(B, C))
-
-
-POOLERS = {"mean": MeanPooler, "attn": AttentionPooler}
 
 
 def save_pooler(path, pooler, kind, n_embd, n_head, ckpt):

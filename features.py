@@ -12,6 +12,7 @@ from checkpoint import load_checkpoint
 from data.tasks import EvalError
 from data.tokenizer import EOT, PAD, encode_batch
 from model import MODELS, ModelConfig, make_config
+from poolers import mean_pool
 
 
 def add_model_args(parser):
@@ -90,12 +91,6 @@ def pad(seqs, device):
         ids[i, :len(s)] = torch.tensor(s)
         mask[i, :len(s)] = True
     return ids.to(device), mask.to(device)
-
-
-def mean_pool(h, mask):
-    """Average of the token states h (B, T, C) over the real tokens (mask True), in float32."""
-    m = mask.unsqueeze(-1).float()
-    return (h.float() * m).sum(1) / m.sum(1)
 
 
 def progress(items, total, desc):

@@ -6,6 +6,7 @@ Pretrain BERT, CrossBERT or ELECTRA, on one process (CPU or GPU) or with torchru
     python train.py --init_from=resume                # continue the run in out_dir, exactly
     torchrun --standalone --nproc_per_node=8 train.py config/base_crossbert_dclm.py   # a GPU node
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=... --master_port=29500 train.py ...
+                                                      # and --node_rank=1 on the second node (README: multi-node)
 
 Settings are the globals below; config/*.py files and --key=value arguments override them, in order.
 """
@@ -25,7 +26,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import checkpoint
-from configurator import configure, fail, interrupt_hook, user_errors_hook
+from configurator import configure, fail, interrupt_hook, reach_master, user_errors_hook
 from data.loader import load_splits
 from data.tasks import EvalError
 from flops import budget_steps, checked_peak, fastest_dtype, peak_flops, peak_from_table, training_flops
@@ -87,6 +88,7 @@ device = "cuda" if torch.cuda.is_available() else "cpu"
 dtype = fastest_dtype("cuda" if torch.cuda.is_available() else "cpu")  # bf16 where the device has it natively
 compile = True
 fsdp = False                  # with torchrun: shard the model over the processes (FSDP2) instead of replicating it (DDP)
+join_timeout = 300.0          # seconds a process waits for the master's address to answer before it stops
 seed = 1337
 settings = {k: v for k, v in globals().items()
             if not k.startswith("_") and isinstance(v, (int, float, bool, str, type(None)))}
@@ -112,6 +114,8 @@ if ddp:
     if device.startswith("cuda"):
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
+    if rank > 0:
+        reach_master(join_timeout)
     dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
     # the other processes wait out the master's probes in this group: a probe may take longer than the process
     # group's timeout (10-30 min), which would end the run in whatever collective they waited in instead

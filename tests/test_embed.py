@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import embed
+import poolers
 from checkpoint import save_checkpoint
 from conftest import assert_one_line_error
 from data.pairs import crop_pairs, pair_stream, text_pairs
@@ -48,7 +49,7 @@ def test_info_nce_matches_hand_computation():
 @pytest.mark.parametrize("kind", ["mean", "attn"])
 def test_fresh_pooler_is_mean_pooling_and_ignores_padding(kind):
     torch.manual_seed(0)
-    pooler = embed.POOLERS[kind](32, 2)
+    pooler = poolers.POOLERS[kind](32, 2)
     h, mask = torch.randn(2, 5, 32), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
     z = pooler(h, mask)
     assert torch.allclose(z, embed.mean_pool(h, mask), atol=1e-6)
@@ -63,7 +64,7 @@ def test_fresh_pooler_is_mean_pooling_and_ignores_padding(kind):
 def test_frozen_training_touches_only_the_pooler(kind):
     model = tiny_model()
     before = {n: p.clone() for n, p in model.named_parameters()}
-    pooler = embed.POOLERS[kind](32, 2)
+    pooler = poolers.POOLERS[kind](32, 2)
     pooler_before = [p.clone() for p in pooler.parameters()]
     losses = embed.train(model, pooler, iter(random_pairs(24)), steps=3, batch_size=8, lr=1e-2, backbone_lr=1e-2,
                          temperature=0.05, unfreeze=False)
@@ -77,7 +78,7 @@ def test_frozen_training_touches_only_the_pooler(kind):
 def test_unfrozen_training_changes_the_backbone():
     model = tiny_model()
     before = {n: p.clone() for n, p in model.named_parameters()}
-    embed.train(model, embed.MeanPooler(32, 2), iter(random_pairs(16)), steps=2, batch_size=8, lr=1e-2,
+    embed.train(model, poolers.MeanPooler(32, 2), iter(random_pairs(16)), steps=2, batch_size=8, lr=1e-2,
                 backbone_lr=1e-2, temperature=0.05, unfreeze=True)
     changed = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
     assert "blocks.0.attn.q.weight" in changed and "wte.weight" in changed
@@ -287,7 +288,7 @@ def saved_backbone(folder):
 
 def trained_pooler(kind):
     """A pooler moved away from its mean-pooling init by a few steps of training on a tiny model."""
-    pooler = embed.POOLERS[kind](32, 2)
+    pooler = poolers.POOLERS[kind](32, 2)
     embed.train(tiny_model(), pooler, iter(random_pairs(24)), steps=3, batch_size=8, lr=1e-2, backbone_lr=0.0,
                 temperature=0.05, unfreeze=False)
     return pooler

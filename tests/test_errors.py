@@ -404,10 +404,11 @@ TEXTS_CASES = [
 @pytest.mark.parametrize("files,args,message", TEXTS_CASES, ids=[" ".join(a) for _, a, _ in TEXTS_CASES])
 def test_embed_texts_bad_input_is_one_line(files, args, message, tmp_path):
     import embed
+    import poolers
     from conftest import assert_one_line_error
     for name, content in files.items():
         if content == "pooler64":  # a real pooler file, for a wider backbone
-            embed.save_pooler(tmp_path / name, embed.AttentionPooler(64, 2), "attn", 64, 2, "big/ckpt.pt")
+            embed.save_pooler(tmp_path / name, poolers.AttentionPooler(64, 2), "attn", 64, 2, "big/ckpt.pt")
         else:
             (tmp_path / name).write_bytes(content)
     before = set(tmp_path.iterdir())

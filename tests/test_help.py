@@ -27,7 +27,7 @@ def test_help_lists_the_settings_with_defaults_and_comments(script, begins, sett
     assert comment in row
 
 
-@pytest.mark.parametrize("script,option", [("probe.py", "--layers"), ("embed.py", "--save_pooler"),
+@pytest.mark.parametrize("script,option", [("probe.py", "--layers"), ("embed.py", "--save_pooler"), ("export.py", "--pooler"),
                                            ("experiments/noise.py", "--init_seeds"),
                                            ("data/local/prepare.py", "--val_every")])
 def test_help_of_argparse_scripts(script, option):

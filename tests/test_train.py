@@ -1,8 +1,10 @@
 """train.py end to end, in subprocesses on a tiny model and a random-token corpus."""
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -383,3 +385,50 @@ def test_a_seed_changes_the_data_and_the_init_and_nothing_else(tmp_path, dataset
     # validation batches are the same for every seed: an (all but) untrained model scores them alike
     va, vb = ([r["val_loss"] for r in x if "val_loss" in r] for x in (la, lb))
     assert va[0] == pytest.approx(vb[0], abs=0.05)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node_cmd(rank, rendezvous, port):
+    """torchrun for node `rank` of a two-node run as users type it, both nodes on this machine."""
+    where = ([f"--master_addr=127.0.0.1", f"--master_port={port}"] if rendezvous == "static" else
+             ["--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{port}", "--rdzv_id=test"])
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1", f"--node_rank={rank}",
+            *where, "train.py"]
+
+
+@pytest.mark.parametrize("rendezvous", ["static", "c10d"])
+def test_two_nodes_equal_one_process_and_resume_on_one(tmp_path, dataset, rendezvous):
+    args = ["--total_batch_size=256", "--learning_rate=3e-3", "--min_lr=3e-3",
+            "--dtype=float32", "--eval_interval=3"]
+    train(tmp_path / "one", dataset, *args, "--max_iters=6")
+    port = free_port()
+    nodes = [subprocess.Popen(node_cmd(r, rendezvous, port) + TINY + args + [f"--dataset={dataset}", "--max_iters=3",
+                                                                             f"--out_dir={tmp_path / 'two'}"],
+                              cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in (0, 1)]
+    outs = [n.communicate(timeout=300)[0] for n in nodes]
+    assert all(n.returncode == 0 for n in nodes), "\n".join(outs)
+    assert '"world_size": 2' in (tmp_path / "two" / "log.jsonl").read_text()
+    train(tmp_path / "two", dataset, *args, "--max_iters=6", "--init_from=resume")  # the two nodes' run, on one
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert list(two) == [1, 2, 3, 4, 5, 6] and one[6] < one[1] - 0.1
+    for step in one:
+        assert two[step] == pytest.approx(one[step], abs=2e-4)
+
+
+def test_a_node_that_cannot_reach_the_master_stops_in_one_line(dataset):
+    # a second node's process, as torchrun starts it (or a scheduler does), with no master at that address
+    env = {**ENV, "RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(free_port())}
+    start = time.monotonic()
+    out = subprocess.run([sys.executable, "train.py", *TINY, f"--dataset={dataset}", "--join_timeout=3"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and 3 <= time.monotonic() - start < 60
+    line = out.stderr.strip()
+    assert "\n" not in line and line.startswith("train.py: error: rank 1 cannot reach the master at 127.0.0.1:")
+    assert "after 3s" in line and "--master_addr" in line

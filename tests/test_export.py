@@ -1,0 +1,135 @@
+"""export.py: a checkpoint to a folder that transformers (and sentence-transformers) load, with the same features
+as model.encode() and embed.py. The round trips skip without the optional extras; CI installs them."""
+import json
+import os
+
+import pytest
+import torch
+
+import embed
+import export
+import poolers
+from checkpoint import save_checkpoint
+from conftest import assert_one_line_error
+from data.tokenizer import MASK, PAD, encode, load_ranks
+from features import embed_texts, pad, tokenize
+from model import MODELS, ModelConfig
+
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=512)
+TEXTS = ["A short one.", "", "Naïve café — 東京 emoji 🙂, and <mask> or <pad> or <|endoftext|> spelled out.",
+         "word " * 60, "  leading spaces\tand tabs\nand a newline", "1234567 numbers 3.14159", "x"]
+
+
+def write_ckpt(tmp_path, model_type="crossbert", seed=0):
+    """A checkpoint of a tiny model with a compact vocabulary and weights moved off their init."""
+    torch.manual_seed(seed)
+    model = MODELS[model_type](ModelConfig(model_type=model_type, **TINY))
+    model.vocab_map.copy_(torch.randint(0, TINY["vocab_size"] - 3, model.vocab_map.shape))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    path = tmp_path / f"{model_type}.pt"
+    save_checkpoint(path, dict(model=model.state_dict(), model_type=model_type, model_args=vars(model.config),
+                               step=7))
+    return path, model.eval()
+
+
+def write_pooler(tmp_path, kind, seed=0):
+    torch.manual_seed(seed)
+    pooler = poolers.POOLERS[kind](TINY["n_embd"], TINY["n_head"])
+    with torch.no_grad():
+        for p in pooler.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    path = tmp_path / f"{kind}-pooler.pt"
+    embed.save_pooler(path, pooler, kind, TINY["n_embd"], TINY["n_head"], "ckpt.pt")
+    return path, pooler.eval()
+
+
+def test_bpe_files_rebuild_gpt2s_merges():
+    """Every token of more than one byte is one merge of two lower-ranked tokens, spelled in GPT-2's stand-ins."""
+    ranks = load_ranks()
+    vocab, merges = export.bpe_files(ranks)
+    assert len(merges) == sum(len(t) > 1 for t in ranks) == 50000
+    assert (vocab["<mask>"], vocab["<pad>"], vocab["<|endoftext|>"]) == (MASK, PAD, 50256)
+    assert vocab["Ġthe"] == encode(" the")[0] and vocab["hello"] == encode("hello")[0]
+    show = export.byte_stand_ins()
+    assert sorted(show.values()) == sorted(set(show.values())) and len(show) == 256  # a bijection of the bytes
+    assert merges[0] == "Ġ t"  # GPT-2's first merge
+    for line in merges[:2000]:
+        a, b = line.split(" ")
+        assert vocab[a] < vocab[a + b] and vocab[b] < vocab[a + b]
+
+
+def test_export_holds_the_encoder_only(tmp_path):
+    pytest.importorskip("safetensors")
+    from safetensors.torch import load_file
+    for model_type in MODELS:
+        path, model = write_ckpt(tmp_path, model_type)
+        out = tmp_path / f"{model_type}-export"
+        export.main([f"--ckpt={path}", f"--out={out}"])
+        tensors = load_file(out / "model.safetensors")
+        want = {k for k in model.state_dict() if k.startswith(export.ENCODER_KEYS)}
+        assert {k.removeprefix("encoder.") for k in tensors} == want
+        assert not any(k.startswith(("encoder.predictor", "encoder.generator", "encoder.head", "encoder.mask_query"))
+                       for k in tensors)
+        for k in want:
+            assert torch.equal(tensors[f"encoder.{k}"], model.state_dict()[k])
+        config = json.loads((out / "config.json").read_text())
+        assert config["trained_as"] == model_type and config["encoder"]["n_layer"] == TINY["n_layer"]
+        assert config["encoder"]["lm_head"] is False and config["pooler"] is None
+        code = (out / "model.py").read_text()
+        assert "\nfrom .masking import " in code and "\nfrom masking import " not in code
+
+
+@pytest.mark.parametrize("model_type,kind", [("crossbert", None), ("crossbert", "attn"), ("bert", "mean"),
+                                             ("electra", None)])
+def test_transformers_loads_the_export_with_the_same_features(model_type, kind, tmp_path):
+    """AutoModel's states equal model.encode()'s on a padded batch, and its pooler_output equals embed.py's vectors
+    (the saved pooler's, or mean pooling), within 1e-5 in fp32; AutoTokenizer gives data/tokenizer.py's ids."""
+    transformers = pytest.importorskip("transformers")
+    path, model = write_ckpt(tmp_path, model_type)
+    pooler_path, pooler = write_pooler(tmp_path, kind) if kind else ("", None)
+    out = tmp_path / "export"
+    export.export(str(path), str(out), str(pooler_path))
+    hf = transformers.AutoModel.from_pretrained(out, trust_remote_code=True).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=True)
+    texts = [t for t in TEXTS if t]  # an empty text: tokenize() feeds a lone <|endoftext|>, the tokenizer nothing
+    ids, _ = tokenize([(t,) for t in texts], TINY["block_size"])
+    batch = tok(texts, padding=True, truncation=True, return_tensors="pt")
+    ours, mask = pad(ids, "cpu")
+    assert torch.equal(batch["input_ids"], ours) and torch.equal(batch["attention_mask"].bool(), mask)
+    with torch.no_grad():
+        got = hf(**batch)
+        want = model.encode(ours, mask)
+    m = mask[..., None]
+    assert ((got.last_hidden_state - want) * m).abs().max() <= 1e-5
+    assert (got.pooler_output - embed_texts(model, pooler, texts)).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("kind", [None, "attn"])
+def test_sentence_transformers_encode_equals_embed_py(kind, tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    path, model = write_ckpt(tmp_path)
+    pooler_path, pooler = write_pooler(tmp_path, kind) if kind else ("", None)
+    out = tmp_path / "export"
+    export.export(str(path), str(out), str(pooler_path))
+    texts = [t for t in TEXTS if t] * 5
+    got = st.SentenceTransformer(str(out), trust_remote_code=True, device="cpu").encode(texts, convert_to_tensor=True,
+                                                                                          batch_size=8)
+    assert (got.cpu() - embed_texts(model, pooler, texts)).abs().max() <= 1e-5
+
+
+def test_bad_export_input_is_one_line_and_loses_nothing(tmp_path):
+    path, _ = write_ckpt(tmp_path)
+    assert_one_line_error(export.main, [f"--ckpt={tmp_path / 'nope.pt'}", f"--out={tmp_path / 'a'}"], "export.py",
+                          "nope.pt", "no such checkpoint")
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "mine.txt").write_text("precious")
+    assert_one_line_error(export.main, [f"--ckpt={path}", f"--out={kept}"], "export.py", "already exists")
+    assert [p.name for p in kept.iterdir()] == ["mine.txt"] and (kept / "mine.txt").read_text() == "precious"
+    wide = tmp_path / "wide.pt"
+    embed.save_pooler(wide, poolers.AttentionPooler(64, 2), "attn", 64, 2, "big/ckpt.pt")
+    assert_one_line_error(export.main, [f"--ckpt={path}", f"--pooler={wide}", f"--out={tmp_path / 'b'}"],
+                          "export.py", "64 dims", "big/ckpt.pt")
+    assert sorted(os.listdir(tmp_path)) == sorted(["crossbert.pt", "kept", "wide.pt"])  # no folder half-written
