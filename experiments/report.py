@@ -7,7 +7,8 @@ import os
 
 import numpy as np
 
-from model import MODELS
+from flops import param_counts
+from model import MODELS, make_config
 from stats import fmt, trend, verdict
 
 
@@ -173,6 +174,9 @@ def plots(results, out_dir):
     fig.savefig(os.path.join(out_dir, "probe_vs_flops.png"), dpi=120)
     written.append("probe_vs_flops.png")
 
+    if len({shape_of(r) for r in main}) > 1:  # sizes: the paper's axis (the ladder preset)
+        written.append(plot_sizes(plt, results, main, colors, out_dir))
+
     fig, ax = plt.subplots(figsize=(6, 4.2))
     budgets = sorted({r["settings"]["max_flops"] for r in main})
     for r in main:  # colour: the family; line style: the size
@@ -203,3 +207,46 @@ def plots(results, out_dir):
         written.append("cms_tokens.png")
     plt.close("all")
     return written
+
+
+def rung_params(r):
+    """A run's size on the paper's axis: the parameters of BERT at its shape (embeddings included), the size every
+    family at that rung is FLOP-matched to."""
+    return param_counts(make_config({**r["settings"], "model_type": "bert"}), "bert")[0]
+
+
+def plot_sizes(plt, results, main, colors, out_dir):
+    """probe_vs_params.png: the linear and kNN averages against model size (mean ± sd over seeds), each family's
+    random twins as a band (mean ± sd), and each run's val loss below its unigram baseline."""
+    fig, axs = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, key, title in zip(axs, ("linear_avg", "knn_avg"), ("linear probe", "kNN probe")):
+        for fam, color in colors.items():
+            rungs = {}  # parameters -> (shape, this family's scores over seeds)
+            for r in main:
+                if r["model_type"] == fam:
+                    rungs.setdefault(rung_params(r), (shape_of(r), []))[1].append(r["scores"][key])
+            if not rungs:
+                continue
+            xs = sorted(rungs)
+            ax.errorbar(xs, [np.mean(rungs[x][1]) for x in xs], capsize=3, fmt="o-", color=color, label=fam,
+                        yerr=[np.std(rungs[x][1], ddof=1) if len(rungs[x][1]) > 1 else 0 for x in xs])
+            twins = [[t["scores"][key] for t in results if t["axis"] == "random" and t["model_type"] == fam
+                      and shape_of(t) == rungs[x][0]] for x in xs]
+            if all(twins):
+                mean, sd = np.array([np.mean(t) for t in twins]), np.array([np.std(t) for t in twins])
+                ax.fill_between(xs, mean - sd, mean + sd, color=color, alpha=0.15, label=f"{fam} random init (± sd)")
+        ax.set(xscale="log", xlabel="parameters (BERT's at each size; every family at its FLOPs)",
+               title=f"{title}, primary average (mean ± sd over seeds)")
+        ax.legend(fontsize=8)
+    ax = axs[2]
+    for fam, color in colors.items():
+        pts = [(rung_params(r), r["unigram_loss"] - r["val_loss"]) for r in main if r["model_type"] == fam]
+        if pts:
+            ax.plot(*zip(*sorted(pts)), "o", color=color, label=fam)
+    ax.axhline(0, color="gray", ls=":", lw=0.8)
+    ax.set(xscale="log", xlabel="parameters (BERT's at each size)", ylabel="unigram − val loss (nats)",
+           title="val loss below its unigram baseline (ELECTRA: its generator's)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "probe_vs_params.png"), dpi=120)
+    return "probe_vs_params.png"

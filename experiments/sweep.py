@@ -74,6 +74,22 @@ PRESETS = {
         probe_max_train=2000, eval_interval=200, nproc=1,
         seeds=3,
     ),
+    "ladder": dict(  # the paper's axis: model size at 20 training tokens per parameter, on web text (docs/experiments.md)
+        dataset="web", block_size=128, vocab_size=8192, dtype="",
+        sizes=[(2, 128, 2), (3, 192, 3), (4, 256, 4)],
+        flops=[0, 0, 0],                       # all from tokens_per_param: 20 tokens per BERT parameter, embeddings
+                                               # included (the paper's model sizes count them; show_plan prints both)
+        tokens_per_param=20,
+        anchor=(3.4e13, 1.2956e-3, 2048),      # the block's recipe (4 x 256, docs/block.md): lr and batch scale from it
+        ablation_size=None,
+        families="bert,crossbert",             # ELECTRA with --families=bert,crossbert,electra
+        flops_per_s=3.0e11,                    # achieved on 2 cores with native bf16 at 4 x 256 (docs/block.md)
+        step_s=0.03,
+        overhead_s=420,                        # probing: the devtasks, GLUE and STS, for the run and its twin
+        micro_batch=16,
+        probe_max_train=2000, eval_interval=500, nproc=1,
+        seeds=1,                               # seed 0 of every rung first; then --seeds=3 where the verdict is close
+    ),
     "gpu": dict(
         dataset="dclm", block_size=512, vocab_size=0, dtype="",
         sizes=[(8, 512, 8), (12, 768, 12), (16, 1024, 16), (24, 1280, 20), (24, 1600, 25)],   # ~50M to ~800M
@@ -96,7 +112,8 @@ settings = dict(
     out_dir="",               # "" = sweep-<preset>
     dry_run=False,
     axes="main,mask,cms,predictor",
-    families=",".join(MODELS),                # the models of the main comparison: bert,crossbert,electra
+    families="",              # the models of the main comparison, e.g. bert,crossbert,electra; "" = the preset's (all three
+                              # unless it says)
     seeds=0,                  # training seeds per main run (train.py's seed 1337, 1338, ...); 0 = the preset's
     budgets="",               # a comma-separated subset of the preset's FLOP budgets, to 2 digits as in the run names
                               # (e.g. 2.7e14: a long sweep's seeds at its largest budget first); "" = every budget
@@ -256,7 +273,7 @@ def read_plan(argv):
     at_least(s, 0, ("random_seeds",))
     p.update(nproc=s["nproc"] or p["nproc"], micro_batch=s["micro_batch"] or p["micro_batch"])
     s.update(seeds=s["seeds"] or p.get("seeds", 1), out_dir=s["out_dir"] or f"sweep-{s['preset']}")
-    families = s["families"].split(",")
+    families = (s["families"] or p.get("families", ",".join(MODELS))).split(",")
     unknown = [f for f in families if f not in MODELS]
     if unknown:
         fail(f"--families: unknown {', '.join(unknown)}; expected a comma-separated subset of {','.join(MODELS)}")
@@ -281,16 +298,22 @@ def show_plan(s, p, runs):
     """Print each run: parameters, FLOP budget, steps x batch (and its split), learning rate, estimated time."""
     print(f"preset {s['preset']}: {len(runs)} runs on {p['dataset']}, {p['nproc']} process(es) each, "
           f"into {s['out_dir']}/")
+    corpus = os.path.join(ROOT, "data", p["dataset"], "train.bin")
+    corpus_tokens = os.path.getsize(corpus) // 2 if os.path.exists(corpus) else 0
     total_flops = total_s = 0
     for name, axis, rs in runs:
         steps, per_step = steps_for(rs)
         est = steps * (per_step / p["flops_per_s"] + p["step_s"]) + p["overhead_s"]
         total_flops, total_s = total_flops + steps * per_step, total_s + est
-        print(f"  {name:26s} {axis:9s} {param_counts(make_config(rs), rs['model_type'])[0] / 1e6:7.2f}M params  "
+        params, body = param_counts(make_config(rs), rs["model_type"])
+        tokens = steps * rs["total_batch_size"]
+        epochs = f", {tokens / corpus_tokens:.1f} epochs" if corpus_tokens else ""
+        print(f"  {name:26s} {axis:9s} {params / 1e6:7.2f}M params ({body / 1e6:.2f}M without the embedding)  "
               f"budget {rs['max_flops'] or steps * per_step:.2e} FLOPs = {steps:6d} steps x "
               f"{rs['total_batch_size']:7d} tokens ({p['nproc']} x {accumulation(rs, p['nproc'])} x "
-              f"{rs['batch_size']} rows)  lr {rs['learning_rate']:.2e}  ~{est / 60:.1f} min")
-    print("  (a step's rows: processes x micro-steps x rows per micro-step)")
+              f"{rs['batch_size']} rows) = {tokens / 1e6:.1f}M input tokens ({tokens / params:.1f} per parameter, "
+              f"{tokens / body:.1f} per non-embedding one{epochs})  lr {rs['learning_rate']:.2e}  ~{est / 60:.1f} min")
+    print("  (a step's rows: processes x micro-steps x rows per micro-step; input tokens, not view positions)")
     print(f"total {total_flops:.2e} training FLOPs, about {total_s / 60:.0f} minutes on this preset's hardware "
           f"({p['flops_per_s']:.1e} FLOP/s achieved, {p['step_s']} s per step and {p['overhead_s']} s per run on top)")
 

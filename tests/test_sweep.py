@@ -67,6 +67,43 @@ def test_dry_run_prints_the_batch_split():
     assert "393216 tokens (8 x 2 x 48 rows)" in line  # 96 rows per GPU: two micro-steps of 48, not six of 16
 
 
+def test_ladder_trains_every_size_at_20_tokens_per_parameter():
+    runs = sweep.plan(sweep.PRESETS["ladder"], ["main"], ("bert", "crossbert"))
+    assert [n for n, _, _ in runs] == ["bert-2x128", "crossbert-2x128", "bert-3x192", "crossbert-3x192",
+                                       "bert-4x256", "crossbert-4x256"]
+    for name, _, s in runs:
+        steps, per_step = sweep.steps_for(s)
+        bert = dict(s, model_type="bert")
+        params = sweep.param_counts(sweep.make_config(bert), "bert")[0]  # embeddings included
+        if name.startswith("bert"):  # 20 input tokens per parameter, to within a step
+            assert abs(steps * s["total_batch_size"] - 20 * params) <= s["total_batch_size"]
+        assert s["max_flops"] == 20 * params * sweep.training_flops(sweep.make_config(bert), "bert") / 128
+        assert s["dataset"] == "web" and steps * per_step <= s["max_flops"]  # both families on the same budget
+    r = subprocess.run([sys.executable, "experiments/sweep.py", "--preset=ladder", "--dry_run"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.strip().startswith("bert-4x256 "))
+    assert "(20.0 per parameter," in line and "5.29M params (3.19M without the embedding)" in line
+    assert "electra" not in r.stdout  # the preset's families unless --families says otherwise
+
+
+def test_plots_on_the_size_axis(tmp_path):
+    pytest.importorskip("matplotlib")
+    def run(fam, L, C, seed, axis):
+        trained = axis == "main"
+        return dict(name=f"{'' if trained else 'random-'}{fam}-{L}x{C}-s{seed}", axis=axis, seed=seed,
+                    shape=f"{L}x{C}", model_type=fam, flops=C * 1e11 if trained else 0,
+                    settings=dict(max_flops=C * 1e11, n_layer=L, n_embd=C, n_head=2, block_size=128, vocab_size=8192),
+                    val_loss=6.0 - L / 10 if trained else None, unigram_loss=6.4 if trained else None,
+                    scores=dict(linear_avg=55 + L + seed, knn_avg=45 + L), log=[dict(flops=C * 1e11, val_loss=6.0)])
+    results = [run(f, L, C, k, a) for f in ("bert", "crossbert") for L, C in ((2, 128), (3, 192), (4, 256))
+               for k in range(2) for a in ("main", "random")]
+    written = report.plots(results, tmp_path)
+    assert "probe_vs_params.png" in written and (tmp_path / "probe_vs_params.png").stat().st_size > 10_000
+    assert report.rung_params(results[0]) == sweep.param_counts(
+        sweep.make_config(dict(results[0]["settings"], model_type="bert")), "bert")[0]
+
+
 def test_budgets_select_a_subset_of_the_plan():
     p = sweep.PRESETS["cpu-gutenberg"]
     everything = sweep.plan(p, ["main"], seeds=3)
