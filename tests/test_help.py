@@ -16,6 +16,7 @@ SETTINGS_SCRIPTS = [
     ("flops.py", "Analytic parameter and FLOP counts", "--n_layer=4", "encoder depth"),  # ModelConfig's comment
     ("experiments/sweep.py", "The paper's comparison at your scale", "--micro_batch=0", "0 = the preset's"),
     ("experiments/acceptance.py", "The GPU acceptance run", "--report=", "experiments/results/gpu/<device>.md"),
+    ("experiments/ladder_gpu.py", "The ladder on one GPU", "--minutes=10.0", "the whole run's target wall time"),
 ]
 
 

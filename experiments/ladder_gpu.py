@@ -1,0 +1,179 @@
+"""
+The ladder on one GPU: BERT and CrossBERT at 20 training tokens per parameter (sweep.py's ladder preset: web text,
+block 128, the compact vocabulary, its learning-rate and batch laws), from 4 x 256 upward, the families FLOP-matched
+at each rung, each run beside its random twin; writes experiments/results/gpu/ladder-<device>.md (and .json).
+
+    python experiments/ladder_gpu.py            # one GPU, about 10 minutes: as many rungs as fit
+    python experiments/ladder_gpu.py --smoke    # tiny rungs on the CPU, about a minute: the same code path
+
+Rungs run smallest first. A rung starts only if its estimate (its FLOPs at the FLOP/s the rung before achieved,
+compilation and probes included) fits in what is left of --minutes; the report says which rungs were reached and
+why the next was not. Every rung is written to the report as it ends. data/web is prepared from --corpus (the web
+shards, ../shared/corpus/web) on first use.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from acceptance import Report, probe_model, tokenized_tasks
+from checkpoint import load_checkpoint
+from configurator import check_writable, configure, fail, user_errors
+from data.tasks import EvalError, task_list
+from features import random_twin
+from flops import param_counts
+from model import make_config
+from sweep import PRESETS, read_log, run_settings, size_budget, steps_for, train
+
+settings = dict(
+    smoke=False,              # tiny rungs, the built-in corpus, a fraction of a token per parameter: checks the path
+    minutes=10.0,             # the whole run's target wall time
+    sizes="4x256,6x384,8x512",  # the rungs, n_layer x n_embd (heads of 64 channels), smallest first
+    families="bert,crossbert",
+    tokens_per_param=20.0,    # training tokens per BERT parameter, embeddings included (as the ladder preset)
+    dataset="web",            # a folder under data/ with train.bin and val.bin ...
+    corpus="../shared/corpus/web/*.parquet",  # ... prepared from these files (data/local/prepare.py) if it has none
+    tasks="../shared/devtasks",  # a folder of task folders (train.tsv, dev.tsv), or a comma-separated list of them
+    max_train=2000,           # training examples per task for the probes, as on the CPU
+    micro_batch=256,          # rows per micro-step, at most
+    report="",                # "" = experiments/results/gpu/ladder-<device>.md
+    work_dir="out-ladder",
+    device="cuda" if torch.cuda.is_available() else "cpu",
+    compile=True,
+)
+SMOKE = dict(minutes=3.0, sizes="1x32,2x64", tokens_per_param=0.02, dataset="tinybooks", max_train=200, compile=False,
+             micro_batch=16)
+
+
+def rungs(s):
+    """[(n_layer, n_embd, n_head)] of --sizes."""
+    try:
+        sizes = [tuple(int(x) for x in size.split("x")) for size in s["sizes"].split(",")]
+    except ValueError:
+        fail(f"--sizes={s['sizes']}: expected n_layer x n_embd pairs, e.g. 4x256,6x384")
+    bad = [f"{L}x{C}" for L, C in sizes if C % 64 and C % 32]
+    if bad:
+        fail(f"--sizes: {', '.join(bad)} cannot split into heads of 32 or 64 channels; use widths in steps of 32")
+    return [(L, C, C // 64 if C % 64 == 0 else C // 32) for L, C in sizes]
+
+
+def train_rung(s, p, size, budget):
+    """{family: what its run did}: each family trained by train.py at `budget` FLOPs, then probed with its twin."""
+    L, C, H = size
+    out = {}
+    for fam in s["families"].split(","):
+        r = run_settings(p, L, C, H, fam, budget, seed=1337, device=s["device"], compile=s["compile"])
+        steps = steps_for(r)[0]
+        r.update(eval_interval=max(1, steps // 4), eval_iters=20, overwrite=True)
+        run_dir = os.path.join(s["work_dir"], f"{fam}-{L}x{C}")
+        t0 = time.time()
+        try:
+            train(f"{fam}-{L}x{C}", r, run_dir, 1, s["compile"])
+        except SystemExit as e:  # a run that fails is reported, and the ladder stops there
+            out[fam] = dict(error=str(e))
+            break
+        seconds = time.time() - t0
+        log = read_log(run_dir)
+        vals = [x for x in log if "val_loss" in x]
+        model, ckpt = load_checkpoint(os.path.join(run_dir, "ckpt.pt"), s["device"])
+        t1 = time.time()
+        scores = dict(trained=probe_model(model, s["task_data"], 64),
+                      twin=probe_model(random_twin(model, r["seed"]), s["task_data"], 64))
+        out[fam] = dict(settings=r, train_s=seconds, probe_s=time.time() - t1, flops=ckpt["flops"],
+                        tokens=ckpt["tokens"], steps=ckpt["step"], params=model.num_params(),
+                        val_loss=vals[-1]["val_loss"], unigram=log[0]["unigram_loss"], **scores)
+    return out
+
+
+def rung_table(size, budget, params, runs):
+    L, C, _ = size
+    rows = []
+    for fam, r in runs.items():
+        if "error" in r:
+            rows.append(f"| {fam} | failed: {' '.join(r['error'].split())[:300]} |")
+            continue
+        t, w = r["trained"], r["twin"]
+        rows.append(f"| {fam} | {r['params'] / 1e6:.2f} | {r['tokens'] / 1e6:.1f} | {r['tokens'] / params:.1f} | "
+                    f"{r['flops']:.2e} | {r['steps']} | {r['train_s']:.0f} | {r['val_loss']:.3f} | {r['unigram']:.3f} | "
+                    f"{t['linear_avg']:.1f} | {w['linear_avg']:.1f} | {t['linear_avg'] - w['linear_avg']:+.1f} | "
+                    f"{t['knn_avg']:.1f} | {w['knn_avg']:.1f} | {t['knn_avg'] - w['knn_avg']:+.1f} |")
+    md = (f"## {L} x {C}: {budget:.2e} training FLOPs a family ({params / 1e6:.2f}M BERT parameters)\n\n"
+          "| family | params (M) | input tokens (M) | per BERT parameter | FLOPs | steps | train s | val loss | unigram | "
+          "linear | twin | trained − twin | kNN | twin | trained − twin |\n|" + "---|" * 15 + "\n" + "\n".join(rows))
+    if all(f in runs and "error" not in runs[f] for f in ("bert", "crossbert")):
+        b, c = runs["bert"]["trained"], runs["crossbert"]["trained"]
+        md += (f"\n\nCrossBERT − BERT at equal FLOPs: linear {c['linear_avg'] - b['linear_avg']:+.1f}, "
+               f"kNN {c['knn_avg'] - b['knn_avg']:+.1f} (one seed each).")
+    return md
+
+
+def main(argv):
+    s = configure(settings, argv, help_from=[__file__])
+    if s["smoke"]:
+        s.update({k: v for k, v in SMOKE.items() if f"--{k}" not in {a.split("=")[0] for a in argv}})
+    sizes = rungs(s)
+    name = torch.cuda.get_device_name(s["device"]) if s["device"].startswith("cuda") else "cpu"
+    report_path = s["report"] or os.path.join(ROOT, "experiments", "results", "gpu",
+                                              f"ladder-{name.replace(' ', '-')}.md")
+    check_writable(report_path, "--report", folder=False)
+    check_writable(s["work_dir"], "--work_dir")
+    t_start = time.time()
+    deadline = t_start + 60 * s["minutes"]
+    try:
+        s["task_data"] = tokenized_tasks(task_list(s["tasks"]), s["max_train"], 128)
+    except EvalError as e:
+        fail(f"--tasks: {e}")
+    if not s["task_data"]:
+        fail(f"--tasks={s['tasks']}: no task folders there; pass folders of train.tsv and dev.tsv")
+    data_dir = os.path.join(ROOT, "data", s["dataset"])
+    if not os.path.exists(os.path.join(data_dir, "val.bin")):
+        script = "data/tinybooks/prepare.py" if s["dataset"] == "tinybooks" else "data/local/prepare.py"
+        args = [] if s["dataset"] == "tinybooks" else [f"--input={s['corpus']}", f"--out_dir={data_dir}"]
+        if subprocess.run([sys.executable, script, *args], cwd=ROOT).returncode:
+            fail(f"could not prepare data/{s['dataset']} from --corpus={s['corpus']}; pass the web shards, or "
+                 "--dataset= a prepared folder under data/")
+    p = dict(PRESETS["ladder"], sizes=sizes, flops=[0] * len(sizes), tokens_per_param=s["tokens_per_param"],
+             dataset=s["dataset"], nproc=1, micro_batch=s["micro_batch"])
+    corpus_tokens = os.path.getsize(os.path.join(data_dir, "train.bin")) // 2
+    header = (f"# The ladder on {name}\n\n{time.strftime('%Y-%m-%d')}, torch {torch.__version__}; "
+              f"`python experiments/ladder_gpu.py {' '.join(argv)}` (target {s['minutes']:g} min). "
+              f"{s['tokens_per_param']:g} training tokens per BERT parameter (embeddings included), "
+              f"data/{s['dataset']} ({corpus_tokens / 1e6:.1f}M training tokens), block 128, vocabulary 8,192; "
+              f"probes: {len(s['task_data'])} tasks, max_train {s['max_train']}, twin = the run's initial weights."
+              + ("\n\n**Smoke run**: tiny rungs on the built-in corpus; it checks the path and measures nothing."
+                 if s["smoke"] else ""))
+    report = Report(report_path, header)
+    report.add("setup (tasks tokenized, corpus checked)", time.time() - t_start, None)
+    rate = None  # training FLOP/s achieved by the last rung, compilation and probes included
+    for i, size in enumerate(sizes):
+        budget = size_budget(p, i)
+        params = param_counts(make_config(dict(model_type="bert", n_layer=size[0], n_embd=size[1], n_head=size[2],
+                                               block_size=128, vocab_size=8192)), "bert")[0]
+        families = len(s["families"].split(","))
+        left = deadline - time.time()
+        if rate and families * budget / rate > left:
+            report.add(f"{size[0]}x{size[1]} not run", 0, f"## {size[0]} x {size[1]}: not run\n\nIts estimate, "
+                       f"{families * budget / rate:.0f} s ({families} x {budget:.2e} FLOPs at {rate:.2e} FLOP/s), "
+                       f"exceeds the {left:.0f} s left.")
+            break
+        t0 = time.time()
+        runs = train_rung(s, p, size, budget)
+        done = [r for r in runs.values() if "error" not in r]
+        if done:
+            rate = sum(r["flops"] for r in done) / (time.time() - t0)
+        report.add(f"{size[0]}x{size[1]}", time.time() - t0, rung_table(size, budget, params, runs),
+                   json.loads(json.dumps(runs, default=float)))
+        if len(done) < len(runs):
+            break
+    print(f"ladder: wrote {report_path}")
+
+
+if __name__ == "__main__":
+    with user_errors("ladder_gpu.py", EvalError):
+        main(sys.argv[1:])

@@ -1,0 +1,52 @@
+"""ladder_gpu.py --smoke: the GPU ladder's whole path on tiny rungs, on the CPU."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny_tasks(tmp_path):
+    tasks = []
+    for name, words in (("topic", ("sport match goal", "vote law party")), ("mood", ("happy great", "sad awful"))):
+        d = tmp_path / name
+        d.mkdir()
+        for split, n in (("train", 40), ("dev", 20)):
+            rows = ["sentence\tlabel"] + [f"{words[i % 2]} number {i}\t{'ab'[i % 2]}" for i in range(n)]
+            (d / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+        tasks.append(str(d))
+    return ",".join(tasks)
+
+
+def run(tmp_path, *args):
+    report = tmp_path / "report" / "ladder-cpu.md"
+    out = subprocess.run([sys.executable, "experiments/ladder_gpu.py", "--smoke", f"--tasks={tiny_tasks(tmp_path)}",
+                          f"--report={report}", f"--work_dir={tmp_path / 'work'}", "--device=cpu", *args],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    return report.read_text(), json.loads(report.with_suffix(".json").read_text())
+
+
+def test_smoke_ladder_writes_each_rung(tmp_path):
+    md, data = run(tmp_path)
+    assert "Smoke run" in md and "## 1 x 32:" in md and "## 2 x 64:" in md and "CrossBERT − BERT at equal FLOPs" in md
+    for rung in ("1x32", "2x64"):
+        runs = data[rung]
+        bert, cross = runs["bert"], runs["crossbert"]
+        per_step = cross["flops"] / cross["steps"]
+        assert 0 < bert["flops"] and abs(bert["flops"] - cross["flops"]) < max(per_step, bert["flops"] / bert["steps"])
+        for r in (bert, cross):
+            for which in ("trained", "twin"):
+                s = r[which]
+                assert s["linear_avg"] == pytest.approx((s["topic"]["linear"] + s["mood"]["linear"]) / 2)
+    assert data["2x64"]["bert"]["params"] > data["1x32"]["bert"]["params"]
+
+
+def test_a_rung_that_cannot_fit_is_not_started(tmp_path):
+    # two seconds for the whole ladder: the first rung runs (there is no rate to judge it by), the second is refused
+    md, data = run(tmp_path, "--minutes=0.03")
+    assert "1x32" in data and "2x64" not in data
+    assert "## 2 x 64: not run" in md and "exceeds the" in md
