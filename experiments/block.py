@@ -79,17 +79,14 @@ def probe_pair(ckpt, tasks):
 
 
 def run_ours(name, corpus, seed, work, tasks):
+    from sweep import read_log, train
     s = settings_of(name, corpus, seed)
     out_dir = os.path.join(work, f"{corpus}-{name}-{seed}")
-    args = [f"--{k}={v}" for k, v in s.items()] + [f"--out_dir={out_dir}"]
-    done = os.path.exists(os.path.join(out_dir, "done"))
-    if not done:
-        resume = os.path.exists(os.path.join(out_dir, "ckpt.pt"))
+    if not os.path.exists(os.path.join(out_dir, "done")):  # train() resumes a run cut short from its checkpoint
         t0 = time.time()
-        subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), *args,
-                        f"--init_from={'resume' if resume else 'scratch'}"], check=True)
+        train(f"{corpus}-{name}-{seed}", s, out_dir, 1, True)
         open(os.path.join(out_dir, "done"), "w").write(f"{time.time() - t0:.0f}\n")
-    log = [json.loads(line) for line in open(os.path.join(out_dir, "log.jsonl"))]
+    log = read_log(out_dir)
     head = log[0]
     val = [r for r in log if "val_loss" in r][-1]
     train_s = float(open(os.path.join(out_dir, "done")).read())
