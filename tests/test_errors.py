@@ -279,7 +279,7 @@ def test_resumed_log_has_no_duplicates_and_scratch_log_is_new(dataset, tmp_path)
     ("bench.py", ["--n_layr=2"], "unknown setting 'n_layr'"),
     ("flops.py", ["--n_embd=big"], "n_embd must be a int"),
     ("flops.py", ["--block_size=33"], "CrossBERT: CMS with mask_ratio=0.5 cuts each sequence into 2 views"),
-    ("experiments/sweep.py", ["--preset=tpu"], "--preset='tpu': expected one of cpu, cpu-gutenberg, gpu"),
+    ("experiments/sweep.py", ["--preset=tpu"], "--preset='tpu': expected one of cpu, cpu-gutenberg, ladder, gpu"),
     ("experiments/noise.py", ["--like=no/such.pt"], "no/such.pt: no such checkpoint"),
     ("experiments/noise.py", ["--like=x", "--init_seeds=1"], "--init_seeds and --probe_seeds: at least 2 each"),
     ("experiments/noise.py", ["--like=x", "--out=README.md/noise.json"],
