@@ -141,7 +141,9 @@ def table(results):
                        "| comparison | seeds | val loss | linear | kNN |", "|---" * 5 + "|"]
         for base in ("old", "new", "peer"):
             for name, seeds in by.items():
-                wanted = {"old": not name.startswith("new-") and name != "peer", "new": name.startswith("new-"),
+                # against new: its ablations, and CrossBERT and ELECTRA, which are at the new BERT's FLOPs
+                wanted = {"old": not name.startswith("new-") and name != "peer",
+                          "new": name.startswith("new-") or name in ("crossbert", "electra"),
                           "peer": name in ("old", "new", "crossbert", "electra")}[base]
                 if name == base or base not in by or not wanted:
                     continue

@@ -36,7 +36,7 @@ def record(run, seed, val, linear, knn, twin=(60.0, 58.0)):
 def test_table_pairs_runs_by_seed():
     rs = [record("old", 1, 6.0, 55, 43), record("old", 2, 6.1, 54, 42), record("old", 3, 6.0, 56, 44),
           record("new", 1, 6.1, 60, 44), record("new", 2, 6.1, 60, 43), record("new", 3, 6.2, 61, 45),
-          record("peer", 1, 6.2, 61, 44), record("peer", 2, 6.2, 59, 43)]
+          record("peer", 1, 6.2, 61, 44), record("peer", 2, 6.2, 59, 43), record("crossbert", 1, 6.3, 62, 50)]
     text = block.table(rs)
     assert "unigram baseline 6.400" in text
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
@@ -45,4 +45,7 @@ def test_table_pairs_runs_by_seed():
     assert "| new − old | 3 | +0.100 [-0.148, +0.348] | +5.3 [+3.9, +6.8] | +1.0 [+1.0, +1.0] |" in text
     assert rows["new − peer"].split(" | ")[1] == "2"  # only the seeds both ran
     assert "peer − old" not in rows and "old − peer" in rows  # each pair once, the peer as the reference
+    # CrossBERT at the new BERT's FLOPs: against it (the families at equal FLOPs), the old block and the peer
+    assert rows["crossbert − new"].endswith("| +2.0 (1 seed) | +6.0 (1 seed) |")
+    assert {"crossbert − old", "crossbert − peer"} <= set(rows) and "new − crossbert" not in rows
     assert "| old | 3 | 47.0 | 6.033 ± 0.058 | 55.0 ± 1.0 | 60.0 ± 0.0 | -5.0 [-7.5, -2.5] |" in text
