@@ -52,11 +52,12 @@ def read_files(input, text_key="text"):
                 yield data.decode("utf-8")
             elif path.endswith(".parquet"):
                 import pyarrow.parquet as pq  # comes with `datasets`
-                columns = pq.ParquetFile(path).schema_arrow.names
+                table = pq.ParquetFile(path)
+                columns = table.schema_arrow.names
                 if text_key not in columns:  # pyarrow's own error is an IndexError that names neither
                     raise EvalError(f"{path} has no column {text_key!r} (its columns: {', '.join(columns)}); "
                                     "pass --text_key= with the one that holds the text")
-                for batch in pq.ParquetFile(path).iter_batches(batch_size=1024, columns=[text_key]):
+                for batch in table.iter_batches(batch_size=1024, columns=[text_key]):
                     yield from batch.column(0).to_pylist()
             else:
                 with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:

@@ -70,6 +70,30 @@ def tokenized_tasks(names, max_train, block_size):
     return tasks
 
 
+def read_tasks(spec, max_train, block_size):
+    """tokenized_tasks() of --tasks (a folder of task folders, or a list of them); bad or no tasks end in one line."""
+    try:
+        tasks = tokenized_tasks(task_list(spec), max_train, block_size)
+    except EvalError as e:
+        fail(f"--tasks: {e}")
+    if not tasks:
+        fail(f"--tasks={spec}: no task folders there; pass folders of train.tsv and dev.tsv")
+    return tasks
+
+
+def prepare_dataset(dataset, corpus):
+    """The training tokens of data/<dataset>, prepared first from the files of `corpus` (data/local/prepare.py, or
+    tinybooks' own script) if it has no val.bin; a corpus that cannot be prepared ends in one line."""
+    data_dir = os.path.join(ROOT, "data", dataset)
+    if not os.path.exists(os.path.join(data_dir, "val.bin")):
+        script = "data/tinybooks/prepare.py" if dataset == "tinybooks" else "data/local/prepare.py"
+        args = [] if dataset == "tinybooks" else [f"--input={corpus}", f"--out_dir={data_dir}"]
+        if subprocess.run([sys.executable, script, *args], cwd=ROOT).returncode:
+            fail(f"could not prepare data/{dataset} from --corpus={corpus}; pass the corpus's files (a folder or a "
+                 "glob of text, .jsonl or .parquet), or --dataset= a prepared folder under data/")
+    return os.path.getsize(os.path.join(data_dir, "train.bin")) // 2
+
+
 def probe_model(model, tasks, batch_size):
     """{task: {"linear": %, "knn": %}, "linear_avg": %, "knn_avg": %}: last-layer mean-pooled probes (probe.py's)."""
     device = next(model.parameters()).device
@@ -191,21 +215,8 @@ def main(argv):
     check_writable(s["work_dir"], "--work_dir")
     t_start = time.time()
     deadline = t_start + 60 * s["minutes"]
-    try:
-        names = task_list(s["tasks"])
-        tasks = tokenized_tasks(names, s["max_train"], s["block_size"])
-    except EvalError as e:
-        fail(f"--tasks: {e}")
-    if not tasks:
-        fail(f"--tasks={s['tasks']}: no task folders there; pass folders of train.tsv and dev.tsv")
-    data_dir = os.path.join(ROOT, "data", s["dataset"])
-    if not os.path.exists(os.path.join(data_dir, "val.bin")):
-        script = "data/tinybooks/prepare.py" if s["dataset"] == "tinybooks" else "data/local/prepare.py"
-        args = [] if s["dataset"] == "tinybooks" else [f"--input={s['corpus']}", f"--out_dir={data_dir}"]
-        if subprocess.run([sys.executable, script, *args], cwd=ROOT).returncode:
-            fail(f"could not prepare data/{s['dataset']} from --corpus={s['corpus']}; pass a folder of text, or "
-                 "--dataset= a prepared folder under data/")
-    train_tokens = os.path.getsize(os.path.join(data_dir, "train.bin")) // 2
+    tasks = read_tasks(s["tasks"], s["max_train"], s["block_size"])
+    train_tokens = prepare_dataset(s["dataset"], s["corpus"])
     peak = peak_flops(device, getattr(torch, dtype))
     header = (f"# Acceptance run on {name}\n\n{time.strftime('%Y-%m-%d')}, torch {torch.__version__}"
               f"{f', CUDA {torch.version.cuda}' if device.type == 'cuda' else ''}, {dtype}; "

@@ -34,7 +34,6 @@ RECIPE = dict(model_type="bert", n_layer=4, n_head=4, n_embd=256, block_size=128
 OLD = dict(mlp="gelu", emb_norm=False, lm_head=False, decoder_bias=False)
 NEW = dict(mlp="geglu", emb_norm=True, lm_head=True, decoder_bias=True)
 PARTS = ("geglu", "emb_norm", "lm_head", "decoder_bias")
-SEEDS = (1337, 1338, 1339)
 
 
 def block_of(name):

@@ -13,19 +13,17 @@ shards, ../shared/corpus/web) on first use.
 """
 import json
 import os
-import subprocess
 import sys
 import time
 
-import numpy as np
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from acceptance import Report, probe_model, tokenized_tasks
+from acceptance import Report, prepare_dataset, probe_model, read_tasks
 from checkpoint import load_checkpoint
 from configurator import check_writable, configure, fail, user_errors
-from data.tasks import EvalError, task_list
+from data.tasks import EvalError
 from features import random_twin
 from flops import param_counts
 from model import make_config
@@ -125,22 +123,10 @@ def main(argv):
     check_writable(s["work_dir"], "--work_dir")
     t_start = time.time()
     deadline = t_start + 60 * s["minutes"]
-    try:
-        s["task_data"] = tokenized_tasks(task_list(s["tasks"]), s["max_train"], 128)
-    except EvalError as e:
-        fail(f"--tasks: {e}")
-    if not s["task_data"]:
-        fail(f"--tasks={s['tasks']}: no task folders there; pass folders of train.tsv and dev.tsv")
-    data_dir = os.path.join(ROOT, "data", s["dataset"])
-    if not os.path.exists(os.path.join(data_dir, "val.bin")):
-        script = "data/tinybooks/prepare.py" if s["dataset"] == "tinybooks" else "data/local/prepare.py"
-        args = [] if s["dataset"] == "tinybooks" else [f"--input={s['corpus']}", f"--out_dir={data_dir}"]
-        if subprocess.run([sys.executable, script, *args], cwd=ROOT).returncode:
-            fail(f"could not prepare data/{s['dataset']} from --corpus={s['corpus']}; pass the web shards, or "
-                 "--dataset= a prepared folder under data/")
+    s["task_data"] = read_tasks(s["tasks"], s["max_train"], 128)
+    corpus_tokens = prepare_dataset(s["dataset"], s["corpus"])
     p = dict(PRESETS["ladder"], sizes=sizes, flops=[0] * len(sizes), tokens_per_param=s["tokens_per_param"],
              dataset=s["dataset"], nproc=1, micro_batch=s["micro_batch"])
-    corpus_tokens = os.path.getsize(os.path.join(data_dir, "train.bin")) // 2
     header = (f"# The ladder on {name}\n\n{time.strftime('%Y-%m-%d')}, torch {torch.__version__}; "
               f"`python experiments/ladder_gpu.py {' '.join(argv)}` (target {s['minutes']:g} min). "
               f"{s['tokens_per_param']:g} training tokens per BERT parameter (embeddings included), "

@@ -28,3 +28,16 @@ def assert_one_line_error(main, args, script, *needles):
     msg = err.getvalue().rstrip("\n")
     assert e.value.code == 2 and msg.startswith(f"{script}: error: ") and "\n" not in msg, msg
     assert all(n in msg for n in needles), msg
+
+
+def tiny_tasks(tmp_path):
+    """Two small task folders (train.tsv, dev.tsv) whose labels a bag of words separates; a comma-separated list."""
+    tasks = []
+    for name, words in (("topic", ("sport match goal", "vote law party")), ("mood", ("happy great", "sad awful"))):
+        d = tmp_path / name
+        d.mkdir()
+        for split, n in (("train", 40), ("dev", 20)):
+            rows = ["sentence\tlabel"] + [f"{words[i % 2]} number {i}\t{'ab'[i % 2]}" for i in range(n)]
+            (d / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+        tasks.append(str(d))
+    return ",".join(tasks)

@@ -6,20 +6,14 @@ import sys
 
 import pytest
 
+from conftest import tiny_tasks
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_smoke_run_writes_the_report(tmp_path):
-    tasks = []
-    for name, words in (("topic", ("sport match goal", "vote law party")), ("mood", ("happy great", "sad awful"))):
-        d = tmp_path / name
-        d.mkdir()
-        for split, n in (("train", 40), ("dev", 20)):
-            rows = ["sentence\tlabel"] + [f"{words[i % 2]} number {i}\t{'ab'[i % 2]}" for i in range(n)]
-            (d / f"{split}.tsv").write_text("\n".join(rows) + "\n")
-        tasks.append(str(d))
     report = tmp_path / "report" / "cpu.md"
-    out = subprocess.run([sys.executable, "experiments/acceptance.py", "--smoke", f"--tasks={','.join(tasks)}",
+    out = subprocess.run([sys.executable, "experiments/acceptance.py", "--smoke", f"--tasks={tiny_tasks(tmp_path)}",
                           f"--report={report}", f"--work_dir={tmp_path / 'work'}", "--device=cpu"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stdout + out.stderr

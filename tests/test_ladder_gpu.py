@@ -6,19 +6,9 @@ import sys
 
 import pytest
 
+from conftest import tiny_tasks
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def tiny_tasks(tmp_path):
-    tasks = []
-    for name, words in (("topic", ("sport match goal", "vote law party")), ("mood", ("happy great", "sad awful"))):
-        d = tmp_path / name
-        d.mkdir()
-        for split, n in (("train", 40), ("dev", 20)):
-            rows = ["sentence\tlabel"] + [f"{words[i % 2]} number {i}\t{'ab'[i % 2]}" for i in range(n)]
-            (d / f"{split}.tsv").write_text("\n".join(rows) + "\n")
-        tasks.append(str(d))
-    return ",".join(tasks)
 
 
 def run(tmp_path, *args):
