@@ -5,8 +5,8 @@ with the same encoder, on synthetic tokens, and compares them with the analytic 
     python bench.py                                   # mid-size: 8 layers x 512, 256 tokens, compiled
     python bench.py --batch_size=64 --n_layer=12 --n_head=12 --n_embd=768 --block_size=512 --flash_check   # a GPU
     python bench.py --profile                         # + where each model's step spends its time, top ops first
-    python bench.py --n_layer=4 --n_head=4 --n_embd=128 --block_size=128 --batch_size=16 --vocab_size=8192 --profile
-                                                      # the default `python train.py` run's shape and step
+    python bench.py --n_layer=2 --n_head=2 --n_embd=128 --block_size=128 --batch_size=12 --vocab_size=8192 --profile
+                                                      # the default `python train.py` run's shape and micro-step
 
 Two throughputs, named for what they count: input tokens/s (rows x block_size, unique data) and
 view positions/s (rows x views x block_size, what complementary masking multiplies; the paper's

@@ -36,11 +36,12 @@ from model import MODELS
 user_errors_hook("train.py", EvalError)  # e.g. a path that cannot be written, anywhere below, ends in one line
 
 # -----------------------------------------------------------------------------
-# settings: the defaults train a tiny CrossBERT on 2 CPU cores in under 10 minutes (docs/cpu-recipe.md)
+# settings: the defaults train a tiny CrossBERT on 2 CPU cores in about 7 minutes: the ladder's smallest rung
+# (2 x 128 at 1.2e14 FLOPs, 20 tokens per parameter of its BERT), which beats its random twin (docs/cpu-recipe.md)
 # model
 model_type = "crossbert"      # bert | crossbert | electra
-n_layer = 4
-n_head = 4
+n_layer = 2
+n_head = 2
 n_embd = 128
 block_size = 128
 pred_layer = None             # CrossBERT predictor depth; None = max(1, n_layer // 4)
@@ -61,12 +62,12 @@ vocab_size = 8192             # 0 = GPT-2's 50,304 ids; K = a compact vocabulary
 # data
 dataset = "tinybooks"         # a folder under data/ (or any path) holding train.bin and val.bin
 batch_size = 16               # at most this many input rows per micro-step per process
-total_batch_size = 2048       # input tokens per optimizer step over all processes: rows x block_size
+total_batch_size = 3072       # input tokens per optimizer step over all processes: rows x block_size
 # optimizer: AdamW, linear warmup then cosine decay to min_lr
-learning_rate = 2e-3
-min_lr = 2e-4
-warmup_iters = 50
-max_iters = 1500
+learning_rate = 1.1055e-3     # lr and batch: the sweep's power laws at this budget (experiments/sweep.py)
+min_lr = 1.1055e-4
+warmup_iters = 191
+max_iters = 3825              # 1.2e14 FLOPs of this CrossBERT
 max_flops = 0.0               # >0: a training-FLOP budget (flops.py's count) that sets max_iters, for compute-matched runs
 weight_decay = 0.1
 beta1 = 0.9

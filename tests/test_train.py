@@ -259,13 +259,13 @@ def test_bf16_tracks_fp32(tmp_path, dataset):
 
 
 def test_literal_default_settings_split_or_explain():
-    # 2048 tokens of 128 = 16 rows: they split over 1, 2, 4, 8 processes; over 3 the error names what would work
+    # 3072 tokens of 128 = 24 rows: they split over 1, 2, 3, 4, 6, 8 processes; over 5 the error names what would work
     out = subprocess.run([sys.executable, "-c", "import runpy, sys; sys.argv = ['train.py']; runpy.run_path('train.py')"],
-                         cwd=ROOT, env={**ENV, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "3",
+                         cwd=ROOT, env={**ENV, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "5",
                                         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"},
                          capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "must be a multiple of block_size x processes" in out.stderr
-    assert "the nearest values that work are 1920 and 2304" in out.stderr
+    assert "the nearest values that work are 2560 and 3200" in out.stderr
 
 
 def test_resume_on_another_device_type(tmp_path, dataset):
