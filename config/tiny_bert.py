@@ -1,4 +1,4 @@
-# The BERT twin of the default run: same encoder, data and training FLOPs (1.2e14: 9,605 steps, since a BERT step
+# The BERT twin of the default run: same encoder, data and training FLOPs (1.2e14: 9,607 steps, since a BERT step
 # costs less); 20% masking, no CMS.
 model_type = "bert"
 n_layer = 2
