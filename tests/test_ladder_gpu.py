@@ -21,6 +21,7 @@ def run(tmp_path, *args):
 
 
 def test_smoke_ladder_writes_each_rung(tmp_path):
+    # the smoke's own deadline must not refuse rung 2: 3 minutes did, on a 2-core AVX2 CPU busy with the suite
     md, data = run(tmp_path)
     assert "Smoke run" in md and "## 1 x 32:" in md and "## 2 x 64:" in md and "CrossBERT − BERT at equal FLOPs" in md
     for rung in ("1x32", "2x64"):
