@@ -6,13 +6,15 @@ at each rung, each run beside its random twin; writes experiments/results/gpu/la
     python experiments/ladder_gpu.py            # one GPU, about 10 minutes: as many rungs as fit
     python experiments/ladder_gpu.py --smoke    # tiny rungs on the CPU, about a minute: the same code path
 
-Rungs run smallest first. A rung starts only if its estimate (its FLOPs at the FLOP/s the rung before achieved,
-compilation and probes included) fits in what is left of --minutes; the report says which rungs were reached and
-why the next was not. Every rung is written to the report as it ends. data/web is prepared from --corpus (the web
-shards, ../shared/corpus/web) on first use.
+Rungs run smallest first. A rung starts only if its estimate fits in what is left of --minutes: for each family,
+the rung before's fixed costs (start, compilation, evaluations, probes: they barely grow with size) plus this
+rung's FLOPs at the rung before's training FLOP/s (its median step time; wider matrices run no slower). The report
+says which rungs were reached and why the next was not. Every rung is written to the report as it ends. data/web
+is prepared from --corpus (the web shards, ../shared/corpus/web) on first use.
 """
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -45,7 +47,7 @@ settings = dict(
     device="cuda" if torch.cuda.is_available() else "cpu",
     compile=True,
 )
-# a generous deadline: the smoke's rate is mostly probing time, so it overestimates the second rung several-fold
+# a generous deadline: a slow CPU busy with other work must still reach the second rung
 SMOKE = dict(minutes=30.0, sizes="1x32,2x64", tokens_per_param=0.02, dataset="tinybooks", max_train=200, compile=False,
              micro_batch=16)
 
@@ -80,14 +82,22 @@ def train_rung(s, p, size, budget):
         seconds = time.time() - t0
         log = read_log(run_dir)
         vals = [x for x in log if "val_loss" in x]
+        step_s = statistics.median(x["ms_per_step"] for x in log if "ms_per_step" in x) / 1000
         model, ckpt = load_checkpoint(os.path.join(run_dir, "ckpt.pt"), s["device"])
         t1 = time.time()
         scores = dict(trained=probe_model(model, s["task_data"], 64),
                       twin=probe_model(random_twin(model, r["seed"]), s["task_data"], 64))
-        out[fam] = dict(settings=r, train_s=seconds, probe_s=time.time() - t1, flops=ckpt["flops"],
+        out[fam] = dict(settings=r, train_s=seconds, step_s=step_s, probe_s=time.time() - t1, flops=ckpt["flops"],
                         tokens=ckpt["tokens"], steps=ckpt["step"], params=model.num_params(),
                         val_loss=vals[-1]["val_loss"], unigram=log[0]["unigram_loss"], **scores)
     return out
+
+
+def estimate(runs, budget):
+    """Seconds the next rung should take, from what the last rung's runs did: each family's fixed cost (its wall
+    time less its steps at the median step time, plus its probes) does not grow with FLOPs; its steps do."""
+    return sum(r["train_s"] - r["steps"] * r["step_s"] + r["probe_s"] + budget * r["step_s"] * r["steps"] / r["flops"]
+               for r in runs.values())
 
 
 def rung_table(size, budget, params, runs):
@@ -137,26 +147,23 @@ def main(argv):
                  if s["smoke"] else ""))
     report = Report(report_path, header)
     report.add("setup (tasks tokenized, corpus checked)", time.time() - t_start, None)
-    rate = None  # training FLOP/s achieved by the last rung, compilation and probes included
+    last = None  # the last rung's runs, which the next one's estimate comes from
     for i, size in enumerate(sizes):
         budget = size_budget(p, i)
         params = param_counts(make_config(dict(model_type="bert", n_layer=size[0], n_embd=size[1], n_head=size[2],
                                                block_size=128, vocab_size=8192)), "bert")[0]
-        families = len(s["families"].split(","))
         left = deadline - time.time()
-        if rate and families * budget / rate > left:
+        if last and estimate(last, budget) > left:
+            rates = ", ".join(f"{fam} {r['flops'] / r['steps'] / r['step_s']:.2e}" for fam, r in last.items())
             report.add(f"{size[0]}x{size[1]} not run", 0, f"## {size[0]} x {size[1]}: not run\n\nIts estimate, "
-                       f"{families * budget / rate:.0f} s ({families} x {budget:.2e} FLOPs at {rate:.2e} FLOP/s), "
-                       f"exceeds the {left:.0f} s left.")
+                       f"{estimate(last, budget):.0f} s ({budget:.2e} FLOPs a family at the last rung's training "
+                       f"FLOP/s, {rates}, plus its fixed costs), exceeds the {left:.0f} s left.")
             break
         t0 = time.time()
-        runs = train_rung(s, p, size, budget)
-        done = [r for r in runs.values() if "error" not in r]
-        if done:
-            rate = sum(r["flops"] for r in done) / (time.time() - t0)
+        last = runs = train_rung(s, p, size, budget)
         report.add(f"{size[0]}x{size[1]}", time.time() - t0, rung_table(size, budget, params, runs),
                    json.loads(json.dumps(runs, default=float)))
-        if len(done) < len(runs):
+        if any("error" in r for r in runs.values()):  # a failed run stops the ladder
             break
     print(f"ladder: wrote {report_path}")
 
