@@ -87,16 +87,17 @@ def train_rung(s, p, size, budget):
         t1 = time.time()
         scores = dict(trained=probe_model(model, s["task_data"], 64),
                       twin=probe_model(random_twin(model, r["seed"]), s["task_data"], 64))
-        out[fam] = dict(settings=r, train_s=seconds, step_s=step_s, probe_s=time.time() - t1, flops=ckpt["flops"],
-                        tokens=ckpt["tokens"], steps=ckpt["step"], params=model.num_params(),
+        out[fam] = dict(settings=r, train_s=seconds, train_rate=ckpt["flops"] / ckpt["step"] / step_s,  # FLOP/s
+                        probe_s=time.time() - t1, flops=ckpt["flops"], tokens=ckpt["tokens"], steps=ckpt["step"],
+                        params=model.num_params(),
                         val_loss=vals[-1]["val_loss"], unigram=log[0]["unigram_loss"], **scores)
     return out
 
 
 def estimate(runs, budget):
     """Seconds the next rung should take, from what the last rung's runs did: each family's fixed cost (its wall
-    time less its steps at the median step time, plus its probes) does not grow with FLOPs; its steps do."""
-    return sum(r["train_s"] - r["steps"] * r["step_s"] + r["probe_s"] + budget * r["step_s"] * r["steps"] / r["flops"]
+    time less its FLOPs at its training FLOP/s, plus its probes) does not grow with FLOPs; its steps do."""
+    return sum(r["train_s"] - r["flops"] / r["train_rate"] + r["probe_s"] + budget / r["train_rate"]
                for r in runs.values())
 
 
@@ -152,12 +153,12 @@ def main(argv):
         budget = size_budget(p, i)
         params = param_counts(make_config(dict(model_type="bert", n_layer=size[0], n_embd=size[1], n_head=size[2],
                                                block_size=128, vocab_size=8192)), "bert")[0]
-        left = deadline - time.time()
-        if last and estimate(last, budget) > left:
-            rates = ", ".join(f"{fam} {r['flops'] / r['steps'] / r['step_s']:.2e}" for fam, r in last.items())
+        left, need = deadline - time.time(), estimate(last, budget) if last else 0
+        if need > left:
+            rates = ", ".join(f"{fam} {r['train_rate']:.2e}" for fam, r in last.items())
             report.add(f"{size[0]}x{size[1]} not run", 0, f"## {size[0]} x {size[1]}: not run\n\nIts estimate, "
-                       f"{estimate(last, budget):.0f} s ({budget:.2e} FLOPs a family at the last rung's training "
-                       f"FLOP/s, {rates}, plus its fixed costs), exceeds the {left:.0f} s left.")
+                       f"{need:.0f} s ({budget:.2e} FLOPs a family at the last rung's training FLOP/s, {rates}, "
+                       f"plus its fixed costs), exceeds the {left:.0f} s left.")
             break
         t0 = time.time()
         last = runs = train_rung(s, p, size, budget)

@@ -38,9 +38,9 @@ def test_smoke_ladder_writes_each_rung(tmp_path):
 
 def test_estimate_scales_the_steps_not_the_fixed_costs():
     from ladder_gpu import estimate
-    # each family: 100 s of wall time of which 20 s are its 200 steps of 1e10 FLOPs, then 30 s of probes
-    run = dict(train_s=100.0, steps=200, step_s=0.1, probe_s=30.0, flops=2e12)
-    runs = {"bert": run, "crossbert": dict(run, step_s=0.2, train_s=120.0)}
+    # each family: 100 s of wall time of which 20 s are its 2e12 FLOPs at 1e11 FLOP/s, then 30 s of probes
+    run = dict(train_s=100.0, train_rate=1e11, probe_s=30.0, flops=2e12)
+    runs = {"bert": run, "crossbert": dict(run, train_rate=5e10, train_s=120.0)}
     # 8x the FLOPs: the steps take 8x as long (160 s, 320 s), the fixed costs (110 s, 110 s) do not grow
     assert estimate(runs, 1.6e13) == pytest.approx(160 + 110 + 320 + 110)
     assert estimate(runs, 2e12) == pytest.approx(100 + 30 + 120 + 30)  # the same FLOPs: what the rung took
