@@ -27,7 +27,7 @@ from model import MODELS, ModelConfig, make_config
 # settings a resumed run may change; any other difference would break "resume continues exactly"
 RESUMABLE = {"init_from", "out_dir", "max_iters", "max_flops", "eval_interval", "eval_iters", "log_interval",
              "probe_interval", "probe_tasks", "probe_glue_dir", "probe_max_train", "compile", "device", "batch_size",
-             "fsdp", "overwrite", "join_timeout"}
+             "fsdp", "overwrite", "join_timeout", "snapshots"}
 
 # checkpoints written before the block's parts were settings hold this block (a plain GELU MLP, nothing else)
 BLOCK_BEFORE = dict(mlp="gelu", emb_norm=False, lm_head=False, decoder_bias=False)
@@ -100,7 +100,7 @@ def check_run(s, world_size):
     and the fix. The checkpoint is read to the CPU, and only if the run continues it exactly (RESUMABLE)."""
     at_least(s, 1, ("batch_size", "total_batch_size", "max_iters", "eval_interval", "eval_iters", "log_interval"))
     at_least(s, 0, ("warmup_iters", "max_flops", "grad_clip", "weight_decay", "min_lr", "probe_interval", "dropout",
-                    "rtd_weight", "join_timeout"))
+                    "rtd_weight", "join_timeout", "snapshots"))
     if not (s["learning_rate"] > 0 and 0 <= s["beta1"] < 1 and 0 <= s["beta2"] < 1 and s["dropout"] < 1):
         fail("learning_rate must be > 0, and beta1, beta2 and dropout in [0, 1)")
     check_device(s["device"], s["dtype"])

@@ -84,6 +84,8 @@ probe_interval = 0            # >0: frozen-probe GLUE tasks every this many step
 probe_tasks = "SST-2"
 probe_glue_dir = ""           # local GLUE folder; empty = from the hub
 probe_max_train = 2000
+snapshots = 0                 # >0: also keep the weights at this many log-spaced points of the run: max_iters / 2^k for
+                              # k = snapshots-1 .. 1, and the end (ckpt.pt), each with its val loss: probes along training
 # system
 device = "cuda" if torch.cuda.is_available() else "cpu"
 dtype = fastest_dtype("cuda" if torch.cuda.is_available() else "cpu")  # bf16 where the device has it natively
@@ -202,6 +204,8 @@ if ddp and not fsdp:  # the only buffers are the RoPE tables and the vocabulary 
 flops_per_step = training_flops(config, model_type, rows_per_step)  # all processes together
 if max_flops:  # a compute budget: the most steps that fit in it, and the LR schedule follows
     max_iters = budget_steps(max_flops, flops_per_step)
+# the steps whose weights are kept in out_dir/snapshots/ for probes along training: halvings back from the end
+snapshot_steps = {max(1, round(max_iters / 2 ** k)) for k in range(1, snapshots)}
 if resumed_max_iters not in (None, max_iters):
     log(f"note: the run was {resumed_max_iters} steps long and is now {max_iters}: the cosine schedule follows the new "
         f"length from step {step} on, so this run equals neither length run from scratch")
@@ -266,6 +270,19 @@ def save_checkpoint():
         log(f"saved checkpoint to {ckpt_path} (step {step})")
 
 
+def save_snapshot(val_loss):
+    """The weights alone at this step, with its val loss: out_dir/snapshots/stepNNNNNN.pt, read like a checkpoint by
+    load_checkpoint and probe.py (no optimizer state: a point to probe, not to resume)."""
+    state = checkpoint.model_state(raw_model)  # every process takes part (FSDP gathers its shards)
+    if master:
+        os.makedirs(os.path.join(out_dir, "snapshots"), exist_ok=True)
+        path = os.path.join(out_dir, "snapshots", f"step{step:06d}.pt")
+        checkpoint.save_checkpoint(path, {"model": state, "model_type": model_type, "model_args": asdict(config),
+                                          "config": settings, "step": step, "tokens": tokens_seen, "flops": flops_seen,
+                                          "val_loss": val_loss})
+        log(f"saved snapshot to {path} (step {step})")
+
+
 def stop_non_finite(what, value):
     saved = f"resume from {ckpt_path} (--init_from=resume)" if os.path.exists(ckpt_path) else "no checkpoint was written"
     sys.exit(f"step {step}: {what} is {value}; stopping without saving. {saved}, and try a lower "
@@ -311,7 +328,7 @@ t_log, steps_since_log = time.perf_counter(), 0
 model.train()
 while True:
     last = step >= max_iters
-    if step % eval_interval == 0 or last:
+    if step % eval_interval == 0 or last or step in snapshot_steps:
         t_eval = time.perf_counter()
         val = estimate_val_loss()
         if not all(map(math.isfinite, val.values())):
@@ -328,6 +345,8 @@ while True:
             record["probe"] = run_probe()
         log(line + (f", probe {record['probe']}" if "probe" in record else ""))
         write_log(record)
+        if step in snapshot_steps:
+            save_snapshot(val_loss)
         if step > 0:
             save_checkpoint()
         t_log += time.perf_counter() - t_eval  # evaluation time is not training time

@@ -89,6 +89,7 @@ PRESETS = {
         micro_batch=16,
         probe_max_train=2000, eval_interval=500, nproc=1,
         seeds=1,                               # seed 0 of every rung first; then --seeds=3 where the verdict is close
+        snapshots=6,                           # probes along training at 1/32, 1/16, .., 1/2 of the budget and its end
     ),
     "gpu": dict(
         dataset="dclm", block_size=512, vocab_size=0, dtype="",
@@ -241,21 +242,45 @@ def read_log(run_dir):
         return [json.loads(line) for line in f]
 
 
-def evaluate(model, tasks, glue_tasks, glue_dir, sts, max_train):
+def by_layer(model, tasks, glue_dir, max_train, layers):
+    """{layer: {"TASK/linear": %, "TASK/knn": %, ..., "linear_avg": %, "knn_avg": %}} of the frozen probes on each
+    of `layers` (0 = the token embeddings, n_layer = the last), from one pass of the model over each task."""
+    from probe import evaluate as probe_layers
+    res = probe_layers(model, [load_task(t, glue_dir or None, max_train, 1337) for t in tasks], layers, verbose=False)
+    out = {}
+    for layer in layers:
+        got = {f"{name}/{p}": r["layers"][layer][p]["score"] for name, r in res.items() for p in ("linear", "knn")}
+        out[layer] = {**got, **{f"{p}_avg": float(np.mean([v for k, v in got.items() if k.endswith("/" + p)]))
+                                for p in ("linear", "knn")}}
+    return out
+
+
+def evaluate(model, tasks, glue_tasks, glue_dir, sts, max_train, layers=False):
     """Frozen-probe scores of a model: {"TASK/linear": %, "TASK/knn": %, ...}, the averages over the primary tasks
-    (linear_avg, knn_avg) and over GLUE (glue_linear_avg, glue_knn_avg), and zero-shot STS (sts_zero_shot)."""
+    (linear_avg, knn_avg) and over GLUE (glue_linear_avg, glue_knn_avg), and zero-shot STS (sts_zero_shot). With
+    layers, also {layer: scores} of the primary tasks at every layer; the last layer's are the scores above."""
     from embed import zero_shot_sts
-    from probe import probe_tasks
-    scores = {}
-    for prefix, names in (("", tasks), ("glue_", glue_tasks)):
-        if names:
-            got = probe_tasks(model, names, glue_dir or None, max_train)
-            scores.update(got)
-            for p in ("linear", "knn"):
-                scores[f"{prefix}{p}_avg"] = float(np.mean([v for k, v in got.items() if k.endswith("/" + p)]))
+    n_layer = model.config.n_layer
+    every = by_layer(model, tasks, glue_dir, max_train, list(range(n_layer + 1)) if layers else [n_layer])
+    scores = dict(every[n_layer])
+    if glue_tasks:
+        scores.update({f"glue_{k}" if k.endswith("_avg") else k: v
+                       for k, v in by_layer(model, glue_tasks, glue_dir, max_train, [n_layer])[n_layer].items()})
     if sts:
         scores["sts_zero_shot"] = zero_shot_sts(model, sts)
-    return scores
+    return (scores, every) if layers else scores
+
+
+def trajectory(run_dir, tasks, glue_dir, max_train, device):
+    """The probes along training: for each snapshot train.py kept (snapshots=N), its step, tokens, FLOPs, val loss
+    and the primary tasks' scores at every layer. The end of the run is the run's own record, its start the twin."""
+    folder, points = os.path.join(run_dir, "snapshots"), []
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
+        model, ckpt = load_checkpoint(os.path.join(folder, name), device)
+        layers = by_layer(model, tasks, glue_dir, max_train, list(range(model.config.n_layer + 1)))
+        points.append(dict(step=ckpt["step"], tokens=ckpt["tokens"], flops=ckpt["flops"], val_loss=ckpt["val_loss"],
+                           layers={str(k): v for k, v in layers.items()}))
+    return points
 
 
 # -----------------------------------------------------------------------------
@@ -367,8 +392,14 @@ def main(argv):
         write_markdown(results, out_dir)
         written[:] = plots(results, out_dir)
 
-    score = lambda m: evaluate(m, tasks, glue_tasks, s["glue_dir"], s["sts"], p["probe_max_train"])
-    extra = {k: v for k, v in (("dtype", p["dtype"]), ("eval_interval", p["eval_interval"])) if v}
+    along = bool(p.get("snapshots"))  # probes along training and across layers (the ladder)
+    score = lambda m: evaluate(m, tasks, glue_tasks, s["glue_dir"], s["sts"], p["probe_max_train"], along)
+    extra = {k: v for k, v in (("dtype", p["dtype"]), ("eval_interval", p["eval_interval"]),
+                               ("snapshots", p.get("snapshots"))) if v}
+    def layered(model):  # {"scores": ..., and with `along` "layers": {layer: scores}}; json keys are strings
+        got = score(model)
+        return dict(scores=got[0], layers={str(k): v for k, v in got[1].items()}) if along else dict(scores=got)
+
     for name, axis, rs in runs:
         run_dir = os.path.join(out_dir, name)
         seed, shape = rs.get("seed", 1337) - 1337, f"{rs['n_layer']}x{rs['n_embd']}"
@@ -384,8 +415,11 @@ def main(argv):
             r = dict(name=name, cell=name.removesuffix(f"-s{seed}") if seed else name, seed=seed, shape=shape,
                      axis=axis, model_type=rs["model_type"], settings=rs, params=model.num_params(),
                      flops=ckpt["flops"], tokens=ckpt["tokens"], steps=ckpt["step"], val_loss=vals[-1]["val_loss"],
-                     unigram_loss=next(x["unigram_loss"] for x in log if "unigram_loss" in x),
-                     scores=score(model), log=vals, train_s=round(t1 - t0, 1), probe_s=round(time.time() - t1, 1))
+                     unigram_loss=next(x["unigram_loss"] for x in log if "unigram_loss" in x), log=vals)
+            r.update(layered(model))
+            if along:
+                r["trajectory"] = trajectory(run_dir, tasks, s["glue_dir"], p["probe_max_train"], s["device"])
+            r.update(train_s=round(t1 - t0, 1), probe_s=round(time.time() - t1, 1))
             record(r)
             print(f"sweep: {name}: val loss {r['val_loss']:.3f} (unigram {r['unigram_loss']:.3f}), "
                   f"linear {r['scores']['linear_avg']:.1f}, kNN {r['scores']['knn_avg']:.1f} "
@@ -400,7 +434,7 @@ def main(argv):
                 model, _ = load_checkpoint(os.path.join(run_dir, "ckpt.pt"), s["device"])
             r = dict(name=twin, cell=f"random-{rs['model_type']}-{shape}", seed=k, shape=shape, axis="random",
                      model_type=rs["model_type"], settings=rs, params=model.num_params(), flops=0, tokens=0, steps=0,
-                     val_loss=None, unigram_loss=None, scores=score(random_twin(model, 1337 + k)), log=[])
+                     val_loss=None, unigram_loss=None, log=[], **layered(random_twin(model, 1337 + k)))
             record(r)
             print(f"sweep: {twin}: linear {r['scores']['linear_avg']:.1f}, kNN {r['scores']['knn_avg']:.1f}", flush=True)
 

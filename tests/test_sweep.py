@@ -14,6 +14,7 @@ import torch
 import report
 import stats
 import sweep
+from conftest import tiny_tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -263,3 +264,38 @@ def test_a_barely_rising_trend_extrapolates_without_overflow():
         warnings.simplefilter("error")  # no overflow warning either
         md = report.summarize(results)
     assert "| bert | linear | not reached | +0.04 [+0.04, +0.04] | 2^2500 [2^" in md
+
+
+def test_ladder_probes_along_training_and_across_layers(tmp_path, monkeypatch):
+    """A preset with snapshots keeps the weights at log-spaced points; each is probed at every layer with its val
+    loss, and the run and its twin are probed at every layer, the last layer's scores being the run's scores."""
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for split, n in [("train", 20_000), ("val", 4_000)]:
+        rng.integers(0, 100, n, dtype=np.uint16).tofile(data / f"{split}.bin")
+    tasks = tiny_tasks(tmp_path)
+    tiny = dict(sweep.PRESETS["ladder"], dataset=str(data), block_size=32, vocab_size=128, sizes=[(2, 32, 2)],
+                flops=[4e9], anchor=(4e9, 1e-3, 128), eval_interval=1000, probe_max_train=0, snapshots=4)
+    monkeypatch.setitem(sweep.PRESETS, "tiny", tiny)
+    monkeypatch.chdir(ROOT)
+    out = tmp_path / "sw"
+    sweep.main(["--preset=tiny", f"--out_dir={out}", f"--tasks={tasks}", "--glue_dir=", "--glue_tasks=", "--sts=",
+                "--compile=False", "--random_seeds=1", "--device=cpu", "--families=bert"])
+    run, twin = [json.loads(x) for x in open(out / "results.jsonl")]
+    steps = run["steps"]
+    points = run["trajectory"]
+    assert [p["step"] for p in points] == [round(steps / 8), round(steps / 4), round(steps / 2)]  # 1/8, 1/4, 1/2
+    vals = {x["step"]: x["val_loss"] for x in run["log"]}
+    for p in points:  # each point's val loss is the one logged at its step; FLOPs grow with the steps
+        assert p["val_loss"] == pytest.approx(vals[p["step"]], abs=1e-4)
+        assert p["flops"] == pytest.approx(run["flops"] * p["step"] / steps)
+        assert sorted(p["layers"]) == ["0", "1", "2"] and 0 <= p["layers"]["1"]["knn_avg"] <= 100
+    for r in (run, twin):  # every layer of the run and its twin; the last layer's scores are the record's
+        assert sorted(r["layers"]) == ["0", "1", "2"]
+        assert r["layers"]["2"]["linear_avg"] == r["scores"]["linear_avg"]
+        assert r["layers"]["2"]["knn_avg"] == r["scores"]["knn_avg"]
+    assert "trajectory" not in twin
+    # the snapshots are checkpoints probe.py reads, each at its step
+    snap = out / "bert-2x32" / "snapshots" / f"step{points[0]['step']:06d}.pt"
+    assert sweep.load_checkpoint(snap, "cpu")[1]["step"] == points[0]["step"]
