@@ -94,17 +94,22 @@ def prepare_dataset(dataset, corpus):
     return os.path.getsize(os.path.join(data_dir, "train.bin")) // 2
 
 
-def probe_model(model, tasks, batch_size):
-    """{task: {"linear": %, "knn": %}, "linear_avg": %, "knn_avg": %}: last-layer mean-pooled probes (probe.py's)."""
+def probe_model(model, tasks, batch_size, layers=None):
+    """{task: {"linear": %, "knn": %}, "linear_avg": %, "knn_avg": %}: mean-pooled probes (probe.py's) of the last
+    layer; with layers, {layer: that} for each of them (0 = the token embeddings), from one pass over each task."""
     device = next(model.parameters()).device
-    out = {}
+    which = layers or [model.config.n_layer]
+    out = {layer: {} for layer in which}
     for t in tasks:
-        f = {s: features(model, t["ids"][s], batch_size=4 * batch_size)[model.config.n_layer] for s in ("train", "dev")}
-        r = probe(f["train"], t["train"][1], f["dev"], t["dev"][1], t["classes"], t["metrics"], device=device)
-        out[t["name"]] = {p: r[p]["score"] for p in ("linear", "knn")}
-    for p in ("linear", "knn"):
-        out[f"{p}_avg"] = float(np.mean([out[t["name"]][p] for t in tasks]))
-    return out
+        f = {s: features(model, t["ids"][s], which, batch_size=4 * batch_size) for s in ("train", "dev")}
+        for layer in which:
+            r = probe(f["train"][layer], t["train"][1], f["dev"][layer], t["dev"][1], t["classes"], t["metrics"],
+                      device=device)
+            out[layer][t["name"]] = {p: r[p]["score"] for p in ("linear", "knn")}
+    for layer in which:
+        for p in ("linear", "knn"):
+            out[layer][f"{p}_avg"] = float(np.mean([out[layer][t["name"]][p] for t in tasks]))
+    return out if layers else out[which[0]]
 
 
 class Report:

@@ -71,7 +71,7 @@ def train_rung(s, p, size, budget):
     for fam in s["families"].split(","):
         r = run_settings(p, L, C, H, fam, budget, seed=1337, device=s["device"], compile=s["compile"])
         steps = steps_for(r)[0]
-        r.update(eval_interval=max(1, steps // 4), eval_iters=20, overwrite=True)
+        r.update(eval_interval=max(1, steps // 4), eval_iters=20, overwrite=True, snapshots=6)
         run_dir = os.path.join(s["work_dir"], f"{fam}-{L}x{C}")
         t0 = time.time()
         try:
@@ -85,12 +85,20 @@ def train_rung(s, p, size, budget):
         step_s = statistics.median(x["ms_per_step"] for x in log if "ms_per_step" in x) / 1000
         model, ckpt = load_checkpoint(os.path.join(run_dir, "ckpt.pt"), s["device"])
         t1 = time.time()
-        scores = dict(trained=probe_model(model, s["task_data"], 64),
-                      twin=probe_model(random_twin(model, r["seed"]), s["task_data"], 64))
+        every = list(range(L + 1))  # every layer, 0 = the token embeddings
+        layers = dict(trained=probe_model(model, s["task_data"], 64, every),
+                      twin=probe_model(random_twin(model, r["seed"]), s["task_data"], 64, every))
+        scores = {k: v[L] for k, v in layers.items()}
+        trajectory = []  # the probes along training: train.py's snapshots at 1/32 .. 1/2 of the run
+        for name in sorted(os.listdir(os.path.join(run_dir, "snapshots"))):
+            snap, meta = load_checkpoint(os.path.join(run_dir, "snapshots", name), s["device"])
+            trajectory.append(dict(step=meta["step"], flops=meta["flops"], val_loss=meta["val_loss"],
+                                   layers=probe_model(snap, s["task_data"], 64, every)))
         out[fam] = dict(settings=r, train_s=seconds, train_rate=ckpt["flops"] / ckpt["step"] / step_s,  # FLOP/s
                         probe_s=time.time() - t1, flops=ckpt["flops"], tokens=ckpt["tokens"], steps=ckpt["step"],
                         params=model.num_params(),
-                        val_loss=vals[-1]["val_loss"], unigram=log[0]["unigram_loss"], **scores)
+                        val_loss=vals[-1]["val_loss"], unigram=log[0]["unigram_loss"], layers=layers,
+                        trajectory=trajectory, **scores)
     return out
 
 
@@ -120,6 +128,30 @@ def rung_table(size, budget, params, runs):
         b, c = runs["bert"]["trained"], runs["crossbert"]["trained"]
         md += (f"\n\nCrossBERT − BERT at equal FLOPs: linear {c['linear_avg'] - b['linear_avg']:+.1f}, "
                f"kNN {c['knn_avg'] - b['knn_avg']:+.1f} (one seed each).")
+    done = {fam: r for fam, r in runs.items() if "error" not in r}
+    md += ("\n\nBy layer (0 = the token embeddings; linear / kNN): last − best is below 0 when the last layers serve "
+           "reconstruction; last − layer 0 is what context adds.\n\n| family | trained | twin | best layer (linear) | "
+           "last − best | last − layer 0 | twin: last − layer 0 |\n|" + "---|" * 7)
+    for fam, r in done.items():
+        cols = []
+        for which in ("trained", "twin"):
+            by = r["layers"][which]
+            cols.append(", ".join(f"{by[i]['linear_avg']:.1f} / {by[i]['knn_avg']:.1f}" for i in sorted(by)))
+        by, tw = r["layers"]["trained"], r["layers"]["twin"]
+        best, last = max(by, key=lambda i: by[i]["linear_avg"]), max(by)
+        cols += [str(best), f"{by[last]['linear_avg'] - by[best]['linear_avg']:+.1f}",
+                 f"{by[last]['linear_avg'] - by[0]['linear_avg']:+.1f} / {by[last]['knn_avg'] - by[0]['knn_avg']:+.1f}",
+                 f"{tw[last]['linear_avg'] - tw[0]['linear_avg']:+.1f} / {tw[last]['knn_avg'] - tw[0]['knn_avg']:+.1f}"]
+        md += f"\n| {fam} | " + " | ".join(cols) + " |"
+    md += ("\n\nAlong training (last layer, linear / kNN; FLOPs 0 is the twin):\n\n| family | step | FLOPs | val loss | "
+           "linear | kNN |\n|" + "---|" * 6)
+    for fam, r in done.items():
+        points = [(0, 0.0, None, r["twin"])] + [(p["step"], p["flops"], p["val_loss"], p["layers"][max(p["layers"])])
+                                                for p in r["trajectory"]] + [(r["steps"], r["flops"], r["val_loss"],
+                                                                              r["trained"])]
+        for step, flops, val, sc in points:
+            md += (f"\n| {fam} | {step} | {flops:.2e} | {'-' if val is None else f'{val:.3f}'} | "
+                   f"{sc['linear_avg']:.1f} | {sc['knn_avg']:.1f} |")
     return md
 
 

@@ -109,11 +109,95 @@ def summarize(results):
     return "\n".join(lines) + "\n"
 
 
+PROBES = (("linear_avg", "linear"), ("knn_avg", "kNN"))
+
+
+def cells_of(results, key):
+    """{cell: its main runs that hold `key` (layers, trajectory)}, in the order of (family, FLOPs)."""
+    cells = {}
+    for r in sorted((r for r in results if r["axis"] == "main" and key in r), key=lambda r: (r["model_type"], r["flops"])):
+        cells.setdefault(r.get("cell", r["name"]), []).append(r)
+    return cells
+
+
+def layer_table(results):
+    """The markdown table of each cell's primary averages by layer (0 = the token embeddings), mean over seeds; its best
+    layer; and paired by seed: last − best, last − layer 0 (what context adds), the twins' last − layer 0, and
+    trained − twin at the last layer."""
+    twins = {(r["model_type"], shape_of(r), seed_of(r)): r for r in results if r["axis"] == "random" and "layers" in r}
+    lines = ["| cell | seeds | probe | by layer, 0 (embeddings) to last | best layer | last − best | last − layer 0 | "
+             "twins: last − layer 0 | trained − twin (last layer) |", "|" + "---|" * 9]
+    for cell, rs in cells_of(results, "layers").items():
+        n = len(rs[0]["layers"])
+        last = str(n - 1)
+        for key, probe in PROBES:
+            by = np.array([[r["layers"][str(i)][key] for i in range(n)] for r in rs])  # seeds x layers
+            best = int(np.argmax(by.mean(0)))
+            tw = [twins[r["model_type"], shape_of(r), seed_of(r)] for r in rs
+                  if (r["model_type"], shape_of(r), seed_of(r)) in twins]
+            lines.append("| " + " | ".join([
+                cell, str(len(rs)), probe, " / ".join(f"{v:.1f}" for v in by.mean(0)), str(best),
+                fmt(list(by[:, -1] - by[:, best]), True), fmt(list(by[:, -1] - by[:, 0]), True),
+                fmt([t["layers"][last][key] - t["layers"]["0"][key] for t in tw], True) if tw else "-",
+                fmt([r["layers"][last][key] - t["layers"][last][key] for r, t in zip(rs, tw)], True)
+                if len(tw) == len(rs) else "-"]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def trajectory_points(rs, twins):
+    """The probes along training of one cell's runs: [(step, FLOPs, input tokens, [val losses], {key: [last-layer
+    scores]}, {key: [best-layer scores]})], one point per snapshot step common to every seed, then the end of the
+    runs; the twins (initial weights) first, at step 0."""
+    def point(xs):  # xs: (val loss, {layer: scores}) per seed
+        best = lambda layers, key: max(v[key] for v in layers.values())
+        last = lambda layers: layers[str(len(layers) - 1)]
+        return ([x[0] for x in xs], {k: [last(x[1])[k] for x in xs] for k, _ in PROBES},
+                {k: [best(x[1], k) for x in xs] for k, _ in PROBES})
+    points = []
+    if twins:
+        points.append((0, 0.0, 0, *point([(None, t["layers"]) for t in twins])))
+    steps = set.intersection(*({p["step"] for p in r["trajectory"]} for r in rs))
+    for step in sorted(steps):
+        ps = [next(p for p in r["trajectory"] if p["step"] == step) for r in rs]
+        points.append((step, ps[0]["flops"], ps[0]["tokens"], *point([(p["val_loss"], p["layers"]) for p in ps])))
+    points.append((rs[0]["steps"], rs[0]["flops"], rs[0]["tokens"], *point([(r["val_loss"], r["layers"]) for r in rs])))
+    return points
+
+
+def trajectory_table(results):
+    """The markdown table of each cell's probes along training (last and best layer, mean ± sd over seeds) with the
+    val loss at the same point; FLOPs 0 is the random twins, the start of every run."""
+    twins = {}
+    for r in results:
+        if r["axis"] == "random" and "layers" in r:
+            twins.setdefault((r["model_type"], shape_of(r)), []).append(r)
+    lines = ["| cell | seeds | step | fraction of the budget | train FLOPs | input tokens | val loss | linear (last) | "
+             "kNN (last) | linear (best layer) | kNN (best layer) |", "|" + "---|" * 11]
+    for cell, rs in cells_of(results, "trajectory").items():
+        for step, flops, tokens, vals, last, best in trajectory_points(rs, twins.get((rs[0]["model_type"], shape_of(rs[0])))):
+            lines.append("| " + " | ".join([
+                cell, str(len(last["linear_avg"])), str(step), f"{flops / rs[0]['flops']:.3g}", f"{flops:.2e}",
+                f"{tokens:,}", fmt(vals, places=3) if vals[0] is not None else "- (init)",
+                *(fmt(last[k]) for k, _ in PROBES), *(fmt(best[k]) for k, _ in PROBES)]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def write_markdown(results, out_dir):
-    """out_dir/results.md: the summary, then every run (written whole, then renamed)."""
+    """out_dir/results.md: the summary, the probes across layers and along training (runs that have them), then every
+    run (written whole, then renamed)."""
     tmp = os.path.join(out_dir, "results.md.tmp")
+    extra = ""
+    if cells_of(results, "layers"):
+        extra += ("\n## Across layers\n\nThe primary averages layer by layer (0 = the token embeddings, no context), mean "
+                  "over seeds; the best layer of that mean; and paired by seed, [95% interval]: last − best (below 0 when "
+                  "the last layers serve reconstruction, the paper's diagnosis of BERT), last − layer 0 (what context "
+                  "adds), the same for the random twins, and trained − twin at the last layer.\n\n" + layer_table(results))
+    if cells_of(results, "trajectory"):
+        extra += ("\n## Along training\n\nThe probes at log-spaced points of each run (mean ± sd over seeds), at the last "
+                  "layer and at the best layer of each point, beside the val loss there; FLOPs 0 is the random twins, "
+                  "every run's initial weights.\n\n" + trajectory_table(results))
     with open(tmp, "w") as f:
-        f.write(summarize(results) + "\n## Every run\n\n" + table(results))
+        f.write(summarize(results) + extra + "\n## Every run\n\n" + table(results))
     os.replace(tmp, os.path.join(out_dir, "results.md"))
 
 
@@ -176,6 +260,7 @@ def plots(results, out_dir):
 
     if len({shape_of(r) for r in main}) > 1:  # sizes: the paper's axis (the ladder preset)
         written.append(plot_sizes(plt, results, main, colors, out_dir))
+    written += plot_along(plt, results, colors, out_dir)
 
     fig, ax = plt.subplots(figsize=(6, 4.2))
     budgets = sorted({r["settings"]["max_flops"] for r in main})
@@ -250,3 +335,66 @@ def plot_sizes(plt, results, main, colors, out_dir):
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "probe_vs_params.png"), dpi=120)
     return "probe_vs_params.png"
+
+
+def plot_along(plt, results, colors, out_dir):
+    """Per shape: trajectory-<shape>.png, each family's last-layer probes against training FLOPs (mean ± sd over
+    seeds; the twins, FLOPs 0, as a band) beside its val loss; layers-<shape>.png, the probes layer by layer, trained
+    and twins. Only runs that were probed along training and across layers have them."""
+    from matplotlib.ticker import NullFormatter  # decades only: no overlapping labels
+    written = []
+    twins = {}
+    for r in results:
+        if r["axis"] == "random" and "layers" in r:
+            twins.setdefault((r["model_type"], shape_of(r)), []).append(r)
+    shapes = {}
+    for cell, rs in cells_of(results, "trajectory").items():
+        shapes.setdefault(shape_of(rs[0]), []).append(rs)
+    for shape, cells in shapes.items():
+        fig, axs = plt.subplots(1, 3, figsize=(15, 4.2))
+        for rs in cells:
+            fam, color = rs[0]["model_type"], colors[rs[0]["model_type"]]
+            tw = twins.get((fam, shape), [])
+            points = [p for p in trajectory_points(rs, tw) if p[1] > 0]
+            xs = [p[1] for p in points]
+            for ax, (key, probe) in zip(axs, PROBES):
+                ax.errorbar(xs, [np.mean(p[4][key]) for p in points], capsize=3, fmt="o-", color=color, label=fam,
+                            yerr=[np.std(p[4][key], ddof=1) if len(p[4][key]) > 1 else 0 for p in points])
+                if tw:
+                    init = [t["layers"][str(len(t["layers"]) - 1)][key] for t in tw]
+                    ax.axhspan(np.mean(init) - np.std(init), np.mean(init) + np.std(init), color=color, alpha=0.12,
+                               label=f"{fam} random init (± sd)")
+                ax.set(xscale="log", xlabel="training FLOPs", title=f"{probe} probe, last layer, {shape}")
+                ax.xaxis.set_minor_formatter(NullFormatter())
+            axs[2].plot(xs, [np.mean(p[3]) for p in points], "o-", color=color, label=fam)
+            axs[2].axhline(rs[0]["unigram_loss"], color="gray", ls=":", lw=0.8)
+        axs[2].set(xscale="log", xlabel="training FLOPs", ylabel="val masked-token loss (nats)",
+                   title=f"val loss at the same points, {shape} (dotted: unigram)")
+        axs[2].xaxis.set_minor_formatter(NullFormatter())
+        for ax in axs:
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, f"trajectory-{shape}.png"), dpi=120)
+        written.append(f"trajectory-{shape}.png")
+    shapes = {}
+    for cell, rs in cells_of(results, "layers").items():
+        shapes.setdefault(shape_of(rs[0]), []).append(rs)
+    for shape, cells in shapes.items():
+        fig, axs = plt.subplots(1, 2, figsize=(10, 4.2))
+        for rs in cells:
+            fam, color = rs[0]["model_type"], colors[rs[0]["model_type"]]
+            n = len(rs[0]["layers"])
+            for ax, (key, probe) in zip(axs, PROBES):
+                for runs, style, label in ((rs, "o-", fam), (twins.get((fam, shape), []), "x--", f"{fam} random init")):
+                    if runs:
+                        by = np.array([[r["layers"][str(i)][key] for i in range(n)] for r in runs])
+                        ax.errorbar(range(n), by.mean(0), yerr=by.std(0, ddof=1) if len(by) > 1 else None, fmt=style,
+                                    color=color, capsize=3, alpha=1 if style == "o-" else 0.6, label=label)
+                ax.set(xlabel="layer (0: token embeddings)", xticks=range(n),
+                       title=f"{probe} probe by layer, {shape} (mean ± sd over seeds)")
+        for ax in axs:
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, f"layers-{shape}.png"), dpi=120)
+        written.append(f"layers-{shape}.png")
+    return written

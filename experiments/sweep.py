@@ -89,7 +89,8 @@ PRESETS = {
         micro_batch=16,
         probe_max_train=2000, eval_interval=500, nproc=1,
         seeds=1,                               # seed 0 of every rung first; then --seeds=3 where the verdict is close
-        snapshots=6,                           # probes along training at 1/32, 1/16, .., 1/2 of the budget and its end
+        snapshots=6,                           # probes along training at 1/32, 1/16, .., 1/2 of the budget and its end,
+        snapshot_probe_s=40,                   # + per snapshot: the devtasks probed at every layer
     ),
     "gpu": dict(
         dataset="dclm", block_size=512, vocab_size=0, dtype="",
@@ -328,7 +329,8 @@ def show_plan(s, p, runs):
     total_flops = total_s = 0
     for name, axis, rs in runs:
         steps, per_step = steps_for(rs)
-        est = steps * (per_step / p["flops_per_s"] + p["step_s"]) + p["overhead_s"]
+        snapshot_s = (p.get("snapshots", 1) - 1) * p.get("snapshot_probe_s", 0) if axis == "main" else 0
+        est = steps * (per_step / p["flops_per_s"] + p["step_s"]) + p["overhead_s"] + snapshot_s
         total_flops, total_s = total_flops + steps * per_step, total_s + est
         params, body = param_counts(make_config(rs), rs["model_type"])
         tokens = steps * rs["total_batch_size"]
@@ -339,8 +341,11 @@ def show_plan(s, p, runs):
               f"{rs['batch_size']} rows) = {tokens / 1e6:.1f}M input tokens ({tokens / params:.1f} per parameter, "
               f"{tokens / body:.1f} per non-embedding one{epochs})  lr {rs['learning_rate']:.2e}  ~{est / 60:.1f} min")
     print("  (a step's rows: processes x micro-steps x rows per micro-step; input tokens, not view positions)")
+    snapshots = (f", and {p['snapshots'] - 1} snapshots probed at every layer, {p['snapshot_probe_s']} s each"
+                 if p.get("snapshots") else "")
     print(f"total {total_flops:.2e} training FLOPs, about {total_s / 60:.0f} minutes on this preset's hardware "
-          f"({p['flops_per_s']:.1e} FLOP/s achieved, {p['step_s']} s per step and {p['overhead_s']} s per run on top)")
+          f"({p['flops_per_s']:.1e} FLOP/s achieved, {p['step_s']} s per step and {p['overhead_s']} s per run on top"
+          f"{snapshots})")
 
 
 def read_tasks(s, p):

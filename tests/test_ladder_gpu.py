@@ -34,6 +34,12 @@ def test_smoke_ladder_writes_each_rung(tmp_path):
                 s = r[which]
                 assert s["linear_avg"] == pytest.approx((s["topic"]["linear"] + s["mood"]["linear"]) / 2)
     assert data["2x64"]["bert"]["params"] > data["1x32"]["bert"]["params"]
+    for r in data["2x64"].values():  # every layer probed, trained and twin; the last layer is the run's score
+        assert sorted(r["layers"]["trained"]) == sorted(r["layers"]["twin"]) == ["0", "1", "2"]
+        assert r["layers"]["trained"]["2"]["linear_avg"] == r["trained"]["linear_avg"]
+        steps = [p["step"] for p in r["trajectory"]]  # five snapshots, halvings back from the end
+        assert steps == [max(1, round(r["steps"] / 2 ** k)) for k in (5, 4, 3, 2, 1)]
+        assert all(p["flops"] < r["flops"] and p["val_loss"] > 0 and len(p["layers"]) == 3 for p in r["trajectory"])
 
 
 def test_estimate_scales_the_steps_not_the_fixed_costs():

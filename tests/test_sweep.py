@@ -299,3 +299,31 @@ def test_ladder_probes_along_training_and_across_layers(tmp_path, monkeypatch):
     # the snapshots are checkpoints probe.py reads, each at its step
     snap = out / "bert-2x32" / "snapshots" / f"step{points[0]['step']:06d}.pt"
     assert sweep.load_checkpoint(snap, "cpu")[1]["step"] == points[0]["step"]
+
+
+def test_layer_and_trajectory_tables():
+    """The across-layers table finds the best layer of the seed mean and pairs last − best, last − layer 0 and
+    trained − twin by seed; the along-training table starts at the twins and ends at the run's own scores."""
+    def scores(linear, knn):
+        return {str(i): {"linear_avg": a, "knn_avg": b} for i, (a, b) in enumerate(zip(linear, knn))}
+    runs = [dict(name=f"bert-2x8{'-s1' * k}", cell="bert-2x8", seed=k, shape="2x8", axis="main", model_type="bert",
+                 flops=100.0, steps=40, tokens=4000, val_loss=5.0 - k / 10, scores={}, layers=scores(lin, knn),
+                 trajectory=[dict(step=s, flops=100.0 * s / 40, tokens=100 * s, val_loss=6.0 - s / 100 - k / 10,
+                                  layers=scores([x + s / 10 for x in lin], knn)) for s in (10, 20)])
+            for k, lin, knn in ((0, [50, 60, 55], [40, 45, 50]), (1, [52, 62, 54], [42, 44, 52]))]
+    twins = [dict(name=f"random-bert-2x8{'-s1' * k}", seed=k, shape="2x8", axis="random", model_type="bert",
+                  layers=scores(lin, [30, 30, 30]), scores={}) for k, lin in ((0, [50, 51, 49]), (1, [49, 50, 50]))]
+    results = runs + twins
+    linear = next(x for x in report.layer_table(results).splitlines() if "| linear |" in x).split(" | ")
+    # mean by layer 51 / 61 / 54.5: best is layer 1; last − best -5, -8; last − layer 0 +5, +2; twins -1, +1;
+    # trained − twin at the last layer 55 − 49, 54 − 50
+    assert linear[3:9] == ["51.0 / 61.0 / 54.5", "1", stats.fmt([-5, -8], True), stats.fmt([5, 2], True),
+                           stats.fmt([-1, 1], True), stats.fmt([6, 4], True) + " |"]
+    knn = next(x for x in report.layer_table(results).splitlines() if "| kNN |" in x).split(" | ")
+    assert knn[4:6] == ["2", stats.fmt([0, 0], True)]  # the last layer is kNN's best
+    rows = [x.split(" | ") for x in report.trajectory_table(results).splitlines()[2:]]
+    assert [r[2] for r in rows] == ["0", "10", "20", "40"] and [r[3] for r in rows] == ["0", "0.25", "0.5", "1"]
+    assert rows[0][6] == "- (init)" and rows[1][6] == stats.fmt([5.9, 5.8], places=3)
+    assert rows[0][7] == stats.fmt([49, 50]) and rows[1][7] == stats.fmt([56, 55])  # last layer, + 1 point at step 10
+    assert rows[2][9] == stats.fmt([62, 64])  # the best layer at step 20: layer 1, + 2 points
+    assert rows[3][7] == stats.fmt([55, 54])
