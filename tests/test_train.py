@@ -432,3 +432,31 @@ def test_a_node_that_cannot_reach_the_master_stops_in_one_line(dataset):
     line = out.stderr.strip()
     assert "\n" not in line and line.startswith("train.py: error: rank 1 cannot reach the master at 127.0.0.1:")
     assert "after 3s" in line and "--master_addr" in line
+
+
+def test_a_resumed_run_keeps_its_trajectory(tmp_path, dataset):
+    """snapshots=4 keeps the weights at 1/8, 1/4 and 1/2 of the run, each with its val loss. A run killed once its
+    second snapshot is written, then resumed, ends with the same snapshots as an uninterrupted run, bit for bit, and
+    a val record at each snapshot step exactly once."""
+    args = ["--max_iters=64", "--eval_interval=100", "--total_batch_size=64", "--snapshots=4"]
+    train(tmp_path / "full", dataset, *args)
+    cut = tmp_path / "cut"
+    cmd = [sys.executable, "train.py", *TINY, f"--dataset={dataset}", f"--out_dir={cut}", *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while not (cut / "snapshots" / "step000016.pt").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    proc.kill()  # wherever it is: the checkpoint on disk is whole (atomic writes), at step 8 or later
+    assert proc.wait() == -9  # killed mid-run, 48 steps before its end
+    resumed = train(cut, dataset, *args, "--init_from=resume").stdout
+    assert int(resumed.split("resumed from ")[1].split(" at step ")[1].split()[0]) in (8, 16)
+    for run in ("full", "cut"):
+        names = sorted(os.listdir(tmp_path / run / "snapshots"))
+        assert names == ["step000008.pt", "step000016.pt", "step000032.pt"]
+        vals = [r["step"] for r in map(json.loads, open(tmp_path / run / "log.jsonl")) if "val_loss" in r]
+        assert vals == [0, 8, 16, 32, 64]
+    for name in names:
+        a = torch.load(tmp_path / "full" / "snapshots" / name, weights_only=True)
+        b = torch.load(cut / "snapshots" / name, weights_only=True)
+        assert a["step"] == b["step"] == int(name[4:10]) and a["val_loss"] == b["val_loss"]
+        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
