@@ -1,0 +1,202 @@
+"""
+See what a checkpoint learned: fill masks, cut a sentence into CrossBERT's complementary views, find a text's nearest
+neighbours (nanoGPT's sample.py, for masked-language models).
+
+    python sample.py --text="Once upon a <mask>, a <mask> lived in the woods."   # the top fills of each <mask>
+    python sample.py --views="The old man looked out at the sea."               # what each view sees and fills
+    python sample.py --neighbours=lines.txt --query="The ship sailed at dawn."   # the nearest lines of a file
+    python sample.py --ckpt=out-electra/ckpt.pt --text="The dog <mask> at the cat." --detect
+
+Each model fills masks the way it trained: BERT runs every layer with <mask> at the targets and reads its LM head
+there; CrossBERT's encoder sees the visible tokens only and its predictor's queries fill the masked positions;
+ELECTRA's generator (a narrow BERT) fills them, and with --detect its discriminator, the encoder, says how likely each
+token of the text (masks filled by the generator first) is a replacement. Neighbours are ranked by the cosine of the
+encoder's mean-pooled last-layer features (embed.py's zero-shot embeddings); lines longer than the block are cut to it.
+"""
+import argparse
+
+import numpy as np
+import torch
+
+from checkpoint import load_checkpoint
+from configurator import fail, user_errors
+from data.tasks import EvalError
+from data.tokenizer import EOT, MASK, decode, encode, encode_masked
+from embed import read_texts, search
+from features import embed_texts
+from masking import Views, make_views
+
+# how each family fills a masked position, printed above its fills
+HOW = {"bert": "BERT reads the text with <mask> at the targets; its LM head fills them",
+       "crossbert": "the encoder sees the visible tokens only; the predictor's queries fill the masked positions",
+       "electra": "the generator (a narrow BERT) reads the text with <mask> at the targets and fills them"}
+
+
+def row_names(model):
+    """name(row): the text an embedding row stands for, as printed (in a compact vocabulary, <unk> is the row of
+    every rare id)."""
+    if model.vocab_map is None:
+        ids = np.arange(model.config.vocab_size)
+    else:
+        rows = model.vocab_map[:EOT + 1].cpu().numpy()  # the row of each text id
+        alone = np.bincount(rows, minlength=model.config.vocab_size)[rows] == 1
+        ids = np.full(model.config.vocab_size, -1)
+        ids[rows[alone]] = np.flatnonzero(alone)
+    return lambda row: shown(decode([ids[row]])) if ids[row] >= 0 else "<unk>"
+
+
+def shown(text):
+    """A token as printed: without its leading space, or quoted when it is only whitespace."""
+    return text.strip() or repr(text)
+
+
+def checked(ids, block_size, what):
+    """The token ids of a text, which must fit in the model's block."""
+    if len(ids) > block_size:
+        fail(f"{what} is {len(ids)} tokens, longer than the checkpoint's block of {block_size}: shorten it", "sample.py")
+    if not ids:
+        fail(f"{what} is empty: pass some text", "sample.py")
+    return ids
+
+
+@torch.inference_mode()
+def fills(model, ids, views):
+    """The model's fills at each view's targets, as probabilities (N, M, rows) over the embedding rows a text can
+    hold (those below <mask>, as ELECTRA samples); ids: the text's GPT-2 ids."""
+    device = model.wte.weight.device
+    views = Views(*(t.to(device) for t in views))
+    idx = model.vocab_ids(torch.tensor([ids], device=device))[views.rows]
+    return torch.softmax(model.fill(idx, views)[..., :model.config.mask_token_id].float(), dim=-1)
+
+
+def top(probs, k, name):
+    """The k likeliest fills of one position (probs: over the rows), as "word 0.412, other 0.051, ..."."""
+    p, rows = probs.topk(min(k, len(probs)))
+    return ", ".join(f"{name(r)} {q:.3f}" for q, r in zip(p.tolist(), rows.tolist()))
+
+
+def fill_masks(model, text, k, name):
+    """--text: the top-k fills of each <mask>, with their probabilities. Returns {each <mask>'s position: its top
+    fill, an embedding row}."""
+    ids = checked(encode_masked(text), model.config.block_size, "--text")
+    where = [i for i, t in enumerate(ids) if t == MASK]
+    if not where:
+        fail('--text has no <mask>: put <mask> where a word should be filled, e.g. --text="Once upon a <mask>."',
+             "sample.py")
+    if len(where) == len(ids):
+        fail("--text is all <mask>: leave some words for the model to read", "sample.py")
+    seen = [i for i in range(len(ids)) if i not in where]
+    probs = fills(model, ids, Views(torch.zeros(1, dtype=torch.long), torch.tensor([seen]), torch.tensor([where])))[0]
+    print(text)
+    for j, p in enumerate(probs, 1):
+        print(f"<mask> {j}: {top(p, k, name)}")
+    return dict(zip(where, probs.argmax(-1).tolist()))
+
+
+@torch.inference_mode()
+def detect(model, text, k, name):
+    """--detect (ELECTRA): the discriminator's probability that each token of the text was replaced, its <mask>s
+    filled first by the generator (its top fill, where training samples one)."""
+    ids = checked(encode_masked(text), model.config.block_size, "--text")
+    filled = fill_masks(model, text, k, name) if MASK in ids else {}
+    rows = model.vocab_ids(torch.tensor(ids, device=model.wte.weight.device))
+    for pos, row in filled.items():
+        rows[pos] = row
+    p = torch.sigmoid(model.discriminate(rows[None]))[0].tolist()
+    print("the discriminator's probability that each token was replaced:")
+    for pos, (t, q) in enumerate(zip(ids, p)):
+        word = name(filled[pos]) if pos in filled else shown(decode([t]))
+        print(f"  {q:.3f}  {word}" + ("   <- replaced?" if q > 0.5 else ""))
+
+
+def show_views(model, text, k, name, seed):
+    """--views: the text's views as masking.py cuts them with the checkpoint's mask ratio (and CMS), what each view's
+    model sees, and its fills at the other positions with the true token's rank."""
+    cfg = model.config
+    ids = checked(encode(text), cfg.block_size, "--views")
+    n_views = cfg.views[0]
+    # complementary views cut a row into equal chunks: <|endoftext|> pads it to a multiple of their number, as it
+    # separates texts in the training windows
+    ids = ids + [EOT] * (-len(ids) % n_views)
+    try:
+        views = make_views(1, len(ids), cfg.mask_ratio, cfg.cms, generator=torch.Generator().manual_seed(seed))
+    except ValueError:
+        fail(f"--views is {len(ids)} tokens, too short to mask {cfg.mask_ratio:g} of it and keep the rest: pass a "
+             "longer text", "sample.py")
+    probs = fills(model, ids, views)
+    true_rows = model.vocab_ids(torch.tensor(ids, device=probs.device))
+    words = [decode([t]) for t in ids]
+    ranks = []
+    print(f"{len(ids)} tokens, {len(views.rows)} view(s), mask ratio {cfg.mask_ratio:g}" +
+          (" (complementary: each view predicts what the others see)" if cfg.cms else ""))
+    for v, (seen, targets) in enumerate(zip(views.visible_pos.tolist(), views.target_pos.tolist())):
+        sentence = "".join(w if i in seen else w[:len(w) - len(w.lstrip())] + "_" * len(w.strip() or "_")
+                           for i, w in enumerate(words))
+        print(f"view {v + 1}: sees {len(seen)} tokens: {sentence}")
+        for pos, p in sorted(zip(targets, probs[v]), key=lambda x: x[0]):
+            truth = true_rows[pos]  # the true token as the model knows it (<unk>: outside a compact vocabulary)
+            ranks.append(int((p > p[truth]).sum()) + 1)
+            print(f"  {name(truth):>12}  rank {ranks[-1]:<5}  {top(p, k, name)}")
+    print(f"the top fill is the true token at {ranks.count(1)} of {len(ranks)} positions; median rank "
+          f"{int(np.median(ranks))}")
+    return views, ranks
+
+
+def neighbours(model, path, query, k):
+    """--neighbours: the k lines of the file nearest to the query, by cosine similarity of the encoder's embeddings."""
+    checked(encode(query), model.config.block_size, "--query")
+    lines = [(n, t) for n, t in enumerate(read_texts(path, "text"), 1) if t.strip()]
+    d = embed_texts(model, None, [t for _, t in lines])
+    q = embed_texts(model, None, [query])
+    hits = search(q, d, min(k, len(lines)), torch.tensor([-1]))[0]
+    print(f"the {len(hits)} lines of {path} ({len(lines):,} texts) nearest to the query, by cosine similarity:")
+    for r in hits.tolist():
+        n, t = lines[r]
+        print(f"  {float(q[0] @ d[r]):.3f}  line {n}: {t if len(t) <= 100 else t[:97] + '...'}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ckpt", default="out/ckpt.pt", help="a train.py checkpoint (or snapshot)")
+    ap.add_argument("--text", default="", help="a text with <mask>s to fill (or any text, with --detect)")
+    ap.add_argument("--views", default="", help="a text to cut into the model's views, each filling the others")
+    ap.add_argument("--neighbours", default="", help="a file of texts (.txt: one per line, or .jsonl)")
+    ap.add_argument("--query", default="", help="with --neighbours: the text whose nearest lines to find")
+    ap.add_argument("--detect", action="store_true", help="with --text, ELECTRA: which tokens look replaced")
+    ap.add_argument("--top_k", type=int, default=5, help="fills per position, or neighbours")
+    ap.add_argument("--seed", type=int, default=1337, help="--views: the seed of the random cut")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args(argv)
+    if bool(args.neighbours) != bool(args.query):
+        fail("--neighbours=FILE and --query=TEXT go together: the lines of FILE nearest to TEXT", "sample.py")
+    if sum(map(bool, (args.text, args.views, args.neighbours))) != 1:
+        fail("pass one of --text=..., --views=... or --neighbours=FILE --query=...", "sample.py")
+    if args.detect and not args.text:
+        fail("--detect reads --text=...: the text whose replaced tokens to find", "sample.py")
+    if args.top_k < 1:
+        fail(f"--top_k={args.top_k}: must be at least 1", "sample.py")
+    with user_errors("sample.py", EvalError):
+        try:
+            model, ckpt = load_checkpoint(args.ckpt, args.device)
+        except ValueError as e:
+            fail(str(e), "sample.py")
+        cfg = model.config
+        if args.detect and cfg.model_type != "electra":
+            fail(f"--detect asks ELECTRA's discriminator, and {args.ckpt} holds a {cfg.model_type} model: pass an "
+                 "ELECTRA checkpoint (python train.py config/tiny_electra.py)", "sample.py")
+        name = row_names(model)
+        print(f"{cfg.model_type} {cfg.n_layer} x {cfg.n_embd}" + (f", step {ckpt['step']}" if "step" in ckpt else "") +
+              f" ({args.ckpt})" +
+              ("" if args.neighbours else f": {HOW[cfg.model_type]}"))
+        if args.detect:
+            detect(model, args.text, args.top_k, name)
+        elif args.text:
+            fill_masks(model, args.text, args.top_k, name)
+        elif args.views:
+            show_views(model, args.views, args.top_k, name, args.seed)
+        else:
+            neighbours(model, args.neighbours, args.query, args.top_k)
+
+
+if __name__ == "__main__":
+    main()
