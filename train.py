@@ -468,4 +468,9 @@ if ddp:
     gc.collect()
     dist.barrier()
     dist.destroy_process_group()
+# all is saved and the process group is gone: a signal has nothing left to stop. Ignored, it cannot change the exit
+# status: torchrun signals the processes still exiting once one has exited, and Python, shutting down, would restore the
+# default handlers, which end a process by the signal
+for sig in (signal.SIGTERM, signal.SIGUSR1):
+    signal.signal(sig, signal.SIG_IGN)
 sys.exit(PREEMPTED if step < max_iters else 0)
