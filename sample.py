@@ -32,9 +32,8 @@ HOW = {"bert": "BERT reads the text with <mask> at the targets; its LM head fill
        "electra": "the generator (a narrow BERT) reads the text with <mask> at the targets and fills them"}
 
 
-def row_names(model):
-    """name(row): the text an embedding row stands for, as printed (in a compact vocabulary, <unk> is the row of
-    every rare id)."""
+def row_texts(model):
+    """row_text(row): the text an embedding row stands for (in a compact vocabulary, <unk> is the row of every rare id)."""
     if model.vocab_map is None:
         ids = np.arange(model.config.vocab_size)
     else:
@@ -42,12 +41,18 @@ def row_names(model):
         alone = np.bincount(rows, minlength=model.config.vocab_size)[rows] == 1
         ids = np.full(model.config.vocab_size, -1)
         ids[rows[alone]] = np.flatnonzero(alone)
-    return lambda row: shown(decode([ids[row]])) if ids[row] >= 0 else "<unk>"
+    return lambda row: decode([ids[row]]) if ids[row] >= 0 else "<unk>"
 
 
 def shown(text):
     """A token as printed: without its leading space, or quoted when it is only whitespace."""
     return text.strip() or repr(text)
+
+
+def piece(text):
+    """A fill as printed: as shown(), with BERT's ## before a word piece glued to what comes before (no leading
+    space), so that " the" and "the" read apart."""
+    return "##" + text if text[:1].isalnum() else shown(text)
 
 
 def checked(ids, block_size, what):
@@ -69,13 +74,13 @@ def fills(model, ids, views):
     return torch.softmax(model.fill(idx, views)[..., :model.config.mask_token_id].float(), dim=-1)
 
 
-def top(probs, k, name):
-    """The k likeliest fills of one position (probs: over the rows), as "word 0.412, other 0.051, ..."."""
+def top(probs, k, row_text):
+    """The k likeliest fills of one position (probs: over the rows), as "word 0.412, ##piece 0.051, ..."."""
     p, rows = probs.topk(min(k, len(probs)))
-    return ", ".join(f"{name(r)} {q:.3f}" for q, r in zip(p.tolist(), rows.tolist()))
+    return ", ".join(f"{piece(row_text(r))} {q:.3f}" for q, r in zip(p.tolist(), rows.tolist()))
 
 
-def fill_masks(model, text, k, name):
+def fill_masks(model, text, k, row_text):
     """--text: the top-k fills of each <mask>, with their probabilities. Returns {each <mask>'s position: its top
     fill, an embedding row}."""
     ids = checked(encode_masked(text), model.config.block_size, "--text")
@@ -89,27 +94,27 @@ def fill_masks(model, text, k, name):
     probs = fills(model, ids, Views(torch.zeros(1, dtype=torch.long), torch.tensor([seen]), torch.tensor([where])))[0]
     print(text)
     for j, p in enumerate(probs, 1):
-        print(f"<mask> {j}: {top(p, k, name)}")
+        print(f"<mask> {j}: {top(p, k, row_text)}")
     return dict(zip(where, probs.argmax(-1).tolist()))
 
 
 @torch.inference_mode()
-def detect(model, text, k, name):
+def detect(model, text, k, row_text):
     """--detect (ELECTRA): the discriminator's probability that each token of the text was replaced, its <mask>s
     filled first by the generator (its top fill, where training samples one)."""
     ids = checked(encode_masked(text), model.config.block_size, "--text")
-    filled = fill_masks(model, text, k, name) if MASK in ids else {}
+    filled = fill_masks(model, text, k, row_text) if MASK in ids else {}
     rows = model.vocab_ids(torch.tensor(ids, device=model.wte.weight.device))
     for pos, row in filled.items():
         rows[pos] = row
     p = torch.sigmoid(model.discriminate(rows[None]))[0].tolist()
     print("the discriminator's probability that each token was replaced:")
     for pos, (t, q) in enumerate(zip(ids, p)):
-        word = name(filled[pos]) if pos in filled else shown(decode([t]))
+        word = shown(row_text(filled[pos]) if pos in filled else decode([t]))
         print(f"  {q:.3f}  {word}" + ("   <- replaced?" if q > 0.5 else ""))
 
 
-def show_views(model, text, k, name, seed):
+def show_views(model, text, k, row_text, seed):
     """--views: the text's views as masking.py cuts them with the checkpoint's mask ratio (and CMS), what each view's
     model sees, and its fills at the other positions with the true token's rank."""
     cfg = model.config
@@ -136,7 +141,7 @@ def show_views(model, text, k, name, seed):
         for pos, p in sorted(zip(targets, probs[v]), key=lambda x: x[0]):
             truth = true_rows[pos]  # the true token as the model knows it (<unk>: outside a compact vocabulary)
             ranks.append(int((p > p[truth]).sum()) + 1)
-            print(f"  {name(truth):>12}  rank {ranks[-1]:<5}  {top(p, k, name)}")
+            print(f"  {shown(row_text(truth)):>12}  rank {ranks[-1]:<5}  {top(p, k, row_text)}")
     print(f"the top fill is the true token at {ranks.count(1)} of {len(ranks)} positions; median rank "
           f"{int(np.median(ranks))}")
     return views, ranks
@@ -184,16 +189,16 @@ def main(argv=None):
         if args.detect and cfg.model_type != "electra":
             fail(f"--detect asks ELECTRA's discriminator, and {args.ckpt} holds a {cfg.model_type} model: pass an "
                  "ELECTRA checkpoint (python train.py config/tiny_electra.py)", "sample.py")
-        name = row_names(model)
+        row_text = row_texts(model)
         print(f"{cfg.model_type} {cfg.n_layer} x {cfg.n_embd}" + (f", step {ckpt['step']}" if "step" in ckpt else "") +
               f" ({args.ckpt})" +
               ("" if args.neighbours else f": {HOW[cfg.model_type]}"))
         if args.detect:
-            detect(model, args.text, args.top_k, name)
+            detect(model, args.text, args.top_k, row_text)
         elif args.text:
-            fill_masks(model, args.text, args.top_k, name)
+            fill_masks(model, args.text, args.top_k, row_text)
         elif args.views:
-            show_views(model, args.views, args.top_k, name, args.seed)
+            show_views(model, args.views, args.top_k, row_text, args.seed)
         else:
             neighbours(model, args.neighbours, args.query, args.top_k)
 
