@@ -8,7 +8,8 @@ Pretrain BERT, CrossBERT or ELECTRA, on one process (CPU or GPU) or with torchru
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=... --master_port=29500 train.py ...
                                                       # and --node_rank=1 on the second node (README: multi-node)
 
-Settings are the globals below; config/*.py files and --key=value arguments override them, in order.
+Settings are the globals below; config/*.py files and --key=value arguments override them, in order. On SIGTERM or
+SIGUSR1 (a cluster's preemption) a run saves the step it is in and exits with status 75; --init_from=resume continues it.
 """
 import datetime
 import gc

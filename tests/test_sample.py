@@ -9,7 +9,7 @@ import torch
 import sample
 from checkpoint import load_checkpoint, save_checkpoint
 from conftest import assert_one_line_error
-from data.tokenizer import VOCAB_SIZE, compact_vocab, decode, encode
+from data.tokenizer import MASK, VOCAB_SIZE, compact_vocab, decode, encode, encode_masked
 from model import MODELS, ModelConfig
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."  # 10 tokens, the block: every window is a rotation of it
@@ -106,6 +106,13 @@ def test_the_neighbours_of_a_line_include_itself_first(trained, capsys, tmp_path
         scores = [float(h[0]) for h in hits]
         assert scores[0] == pytest.approx(1.0, abs=1e-3) and scores == sorted(scores, reverse=True)
         assert len({h[2] for h in hits}) == 3  # three different lines
+
+
+def test_a_mask_takes_the_spaces_before_it():
+    # GPT-2's tokens carry their leading space: the fill of "a <mask>" is " time", so the space is not a token of its own
+    assert encode_masked("Once upon a <mask>, <mask>.") == encode("Once upon a") + [MASK] + encode(",") + [MASK] + \
+        encode(".")
+    assert encode_masked("a <pad> <|endoftext|>") == encode("a <pad> <|endoftext|>")  # only <mask> is special
 
 
 def test_bad_input_ends_in_one_line(trained, tmp_path):
