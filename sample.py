@@ -80,16 +80,33 @@ def top(probs, k, row_text):
     return ", ".join(f"{piece(row_text(r))} {q:.3f}" for q, r in zip(p.tolist(), rows.tolist()))
 
 
-def fill_masks(model, text, k, row_text):
-    """--text: the top-k fills of each <mask>, with their probabilities. Returns {each <mask>'s position: its top
-    fill, an embedding row}."""
-    ids = checked(encode_masked(text), model.config.block_size, "--text")
-    where = [i for i, t in enumerate(ids) if t == MASK]
-    if not where:
+def masked(text, block_size, detect):
+    """--text's ids, checked: a <mask> to fill (unless --detect), and some words to read."""
+    ids = checked(encode_masked(text), block_size, "--text")
+    if MASK not in ids and not detect:
         fail('--text has no <mask>: put <mask> where a word should be filled, e.g. --text="Once upon a <mask>."',
              "sample.py")
-    if len(where) == len(ids):
+    if ids.count(MASK) == len(ids):
         fail("--text is all <mask>: leave some words for the model to read", "sample.py")
+    return ids
+
+
+def cut(ids, config, seed):
+    """--views: the text's ids and its views, as masking.py cuts a training row with the checkpoint's mask ratio (and
+    complementary masking). Complementary views cut a row into equal chunks: <|endoftext|>, which separates the texts
+    of the training windows, pads the text to a multiple of their number."""
+    ids = ids + [EOT] * (-len(ids) % config.views[0])
+    try:
+        return ids, make_views(1, len(ids), config.mask_ratio, config.cms, generator=torch.Generator().manual_seed(seed))
+    except ValueError:
+        fail(f"--views is {len(ids)} tokens, too short to mask {config.mask_ratio:g} of it and keep the rest: pass a "
+             "longer text", "sample.py")
+
+
+def fill_masks(model, text, ids, k, row_text):
+    """--text: the top-k fills of each <mask>, with their probabilities. Returns {each <mask>'s position: its top
+    fill, an embedding row}."""
+    where = [i for i, t in enumerate(ids) if t == MASK]
     seen = [i for i in range(len(ids)) if i not in where]
     probs = fills(model, ids, Views(torch.zeros(1, dtype=torch.long), torch.tensor([seen]), torch.tensor([where])))[0]
     print(text)
@@ -99,11 +116,10 @@ def fill_masks(model, text, k, row_text):
 
 
 @torch.inference_mode()
-def detect(model, text, k, row_text):
+def detect(model, text, ids, k, row_text):
     """--detect (ELECTRA): the discriminator's probability that each token of the text was replaced, its <mask>s
     filled first by the generator (its top fill, where training samples one)."""
-    ids = checked(encode_masked(text), model.config.block_size, "--text")
-    filled = fill_masks(model, text, k, row_text) if MASK in ids else {}
+    filled = fill_masks(model, text, ids, k, row_text) if MASK in ids else {}
     rows = model.vocab_ids(torch.tensor(ids, device=model.wte.weight.device))
     for pos, row in filled.items():
         rows[pos] = row
@@ -114,20 +130,10 @@ def detect(model, text, k, row_text):
         print(f"  {q:.3f}  {word}" + ("   <- replaced?" if q > 0.5 else ""))
 
 
-def show_views(model, text, k, row_text, seed):
-    """--views: the text's views as masking.py cuts them with the checkpoint's mask ratio (and CMS), what each view's
-    model sees, and its fills at the other positions with the true token's rank."""
+def show_views(model, ids, views, k, row_text):
+    """--views: what each view's model sees of the text, and its fills at the other positions with the true token's
+    rank. Returns the ranks, in the order printed."""
     cfg = model.config
-    ids = checked(encode(text), cfg.block_size, "--views")
-    n_views = cfg.views[0]
-    # complementary views cut a row into equal chunks: <|endoftext|> pads it to a multiple of their number, as it
-    # separates texts in the training windows
-    ids = ids + [EOT] * (-len(ids) % n_views)
-    try:
-        views = make_views(1, len(ids), cfg.mask_ratio, cfg.cms, generator=torch.Generator().manual_seed(seed))
-    except ValueError:
-        fail(f"--views is {len(ids)} tokens, too short to mask {cfg.mask_ratio:g} of it and keep the rest: pass a "
-             "longer text", "sample.py")
     probs = fills(model, ids, views)
     true_rows = model.vocab_ids(torch.tensor(ids, device=probs.device))
     words = [decode([t]) for t in ids]
@@ -144,13 +150,12 @@ def show_views(model, text, k, row_text, seed):
             print(f"  {shown(row_text(truth)):>12}  rank {ranks[-1]:<5}  {top(p, k, row_text)}")
     print(f"the top fill is the true token at {ranks.count(1)} of {len(ranks)} positions; median rank "
           f"{int(np.median(ranks))}")
-    return views, ranks
+    return ranks
 
 
-def neighbours(model, path, query, k):
-    """--neighbours: the k lines of the file nearest to the query, by cosine similarity of the encoder's embeddings."""
-    checked(encode(query), model.config.block_size, "--query")
-    lines = [(n, t) for n, t in enumerate(read_texts(path, "text"), 1) if t.strip()]
+def neighbours(model, path, lines, query, k):
+    """--neighbours: the k lines (line number, text) nearest to the query, by cosine similarity of the encoder's
+    embeddings."""
     d = embed_texts(model, None, [t for _, t in lines])
     q = embed_texts(model, None, [query])
     hits = search(q, d, min(k, len(lines)), torch.tensor([-1]))[0]
@@ -189,18 +194,25 @@ def main(argv=None):
         if args.detect and cfg.model_type != "electra":
             fail(f"--detect asks ELECTRA's discriminator, and {args.ckpt} holds a {cfg.model_type} model: pass an "
                  "ELECTRA checkpoint (python train.py config/tiny_electra.py)", "sample.py")
+        # the input, checked before anything is printed
+        if args.text:
+            ids = masked(args.text, cfg.block_size, args.detect)
+        elif args.views:
+            ids, views = cut(checked(encode(args.views), cfg.block_size, "--views"), cfg, args.seed)
+        else:
+            checked(encode(args.query), cfg.block_size, "--query")
+            lines = [(n, t) for n, t in enumerate(read_texts(args.neighbours, "text"), 1) if t.strip()]
         row_text = row_texts(model)
         print(f"{cfg.model_type} {cfg.n_layer} x {cfg.n_embd}" + (f", step {ckpt['step']}" if "step" in ckpt else "") +
-              f" ({args.ckpt})" +
-              ("" if args.neighbours else f": {HOW[cfg.model_type]}"))
+              f" ({args.ckpt})" + ("" if args.neighbours else f": {HOW[cfg.model_type]}"))
         if args.detect:
-            detect(model, args.text, args.top_k, row_text)
+            detect(model, args.text, ids, args.top_k, row_text)
         elif args.text:
-            fill_masks(model, args.text, args.top_k, row_text)
+            fill_masks(model, args.text, ids, args.top_k, row_text)
         elif args.views:
-            show_views(model, args.views, args.top_k, row_text, args.seed)
+            show_views(model, ids, views, args.top_k, row_text)
         else:
-            neighbours(model, args.neighbours, args.query, args.top_k)
+            neighbours(model, args.neighbours, lines, args.query, args.top_k)
 
 
 if __name__ == "__main__":

@@ -75,7 +75,9 @@ def test_electra_detects_the_replaced_word(trained, capsys):
 
 
 def test_views_partition_the_positions(trained, capsys):
-    views, ranks = sample.show_views(load_checkpoint(trained["crossbert"])[0], SENTENCE, 3, str, seed=0)
+    model = load_checkpoint(trained["crossbert"])[0]
+    ids, views = sample.cut(encode(SENTENCE), model.config, seed=0)
+    ranks = sample.show_views(model, ids, views, 3, str)
     out = capsys.readouterr().out.splitlines()
     seen, targets = views.visible_pos.tolist(), views.target_pos.tolist()
     assert len(seen) == 2 and sorted(seen[0] + seen[1]) == list(range(10))  # the views' visible sets partition
@@ -115,7 +117,7 @@ def test_a_mask_takes_the_spaces_before_it():
     assert encode_masked("a <pad> <|endoftext|>") == encode("a <pad> <|endoftext|>")  # only <mask> is special
 
 
-def test_bad_input_ends_in_one_line(trained, tmp_path):
+def test_bad_input_ends_in_one_line(trained, tmp_path, capsys):
     ckpt = f"--ckpt={trained['crossbert']}"
     (tmp_path / "empty.txt").write_text("\n\n")
     (tmp_path / "notes.txt").write_text("not a checkpoint\n")
@@ -124,6 +126,7 @@ def test_bad_input_ends_in_one_line(trained, tmp_path):
         ([ckpt, "--text=<mask> <mask>"], "--text is all <mask>"),
         ([ckpt, "--text=" + "a <mask> " * 20], "longer than the checkpoint's block of 10: shorten it"),
         ([ckpt, "--views=" + " ".join(["word"] * 11)], "--views is 11 tokens, longer than the checkpoint's block of 10"),
+        ([f"--ckpt={trained['bert']}", "--views=fox"], "--views is 1 tokens, too short to mask 0.2 of it"),
         ([ckpt, f"--neighbours={tmp_path / 'empty.txt'}", "--query=a fox"], "no text in it"),
         ([ckpt, f"--neighbours={tmp_path / 'nope.txt'}", "--query=a fox"], "no such file"),
         ([ckpt, "--query=a fox"], "--neighbours=FILE and --query=TEXT go together"),
@@ -135,3 +138,4 @@ def test_bad_input_ends_in_one_line(trained, tmp_path):
         ([f"--ckpt={tmp_path / 'none.pt'}", "--text=a <mask>"], "no such checkpoint"),
     ]:
         assert_one_line_error(sample.main, args + ["--device=cpu"], "sample.py", needle)
+        assert capsys.readouterr().out == ""  # and nothing else is printed
