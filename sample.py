@@ -33,7 +33,8 @@ HOW = {"bert": "BERT reads the text with <mask> at the targets; its LM head fill
 
 
 def row_texts(model):
-    """row_text(row): the text an embedding row stands for (in a compact vocabulary, <unk> is the row of every rare id)."""
+    """row_text(row): the text an embedding row stands for (a compact vocabulary's <unk> is the row of every rare
+    id)."""
     if model.vocab_map is None:
         ids = np.arange(model.config.vocab_size)
     else:

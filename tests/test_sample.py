@@ -1,4 +1,4 @@
-"""sample.py on tiny models trained for a few hundred steps on one repeated sentence: each fills that sentence's words."""
+"""sample.py on tiny models trained for a few hundred steps on one repeated sentence: each fills its words."""
 import re
 from dataclasses import asdict
 
