@@ -27,7 +27,7 @@ from model import MODELS, ModelConfig, make_config
 # settings a resumed run may change; any other difference would break "resume continues exactly"
 RESUMABLE = {"init_from", "out_dir", "max_iters", "max_flops", "eval_interval", "eval_iters", "log_interval",
              "probe_interval", "probe_tasks", "probe_glue_dir", "probe_max_train", "compile", "device", "batch_size",
-             "fsdp", "overwrite", "join_timeout", "snapshots"}
+             "fsdp", "overwrite", "join_timeout", "snapshots", "wandb_log", "wandb_project", "wandb_run_name"}
 
 # checkpoints written before the block's parts were settings hold this block (a plain GELU MLP, nothing else)
 BLOCK_BEFORE = dict(mlp="gelu", emb_norm=False, lm_head=False, decoder_bias=False)

@@ -238,12 +238,21 @@ class MaskedLM(nn.Module):
         _, loss = self.lm_loss(self.predict(idx, views), idx, views.target_pos)
         return loss, {}
 
+    def lm_logits(self, h):
+        """The LM head: logits (.., vocab) of the states h (.., C)."""
+        return F.linear(self.head(h), self.wte.weight, self.decoder_bias)
+
     def lm_loss(self, h, idx, target_pos):
         """The LM head on the states h (N, M, C) at target_pos (N, M); cross-entropy against idx's ids there."""
-        logits = F.linear(self.head(h), self.wte.weight, self.decoder_bias)
+        logits = self.lm_logits(h)
         labels = idx.gather(1, target_pos)
         loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten())
         return logits, loss
+
+    def fill(self, idx, views):
+        """Logits (N, M, vocab) of what the model puts at each view's targets, the way it learned to (sample.py):
+        the LM head on predict()'s states. idx (N, T): each view's row, in embedding ids; the targets' ids are unread."""
+        return self.lm_logits(self.predict(idx, views))
 
     def encode(self, idx, attention_mask=None, layers=None):
         """Features of the unmasked input: (B, T, C) from the last layer, or a list for `layers`: 1..n_layer are the
@@ -286,13 +295,20 @@ class BERT(MaskedLM):
         super().__init__(config)
         self.init_weights()
 
-    def predict(self, idx, views):
+    def predict(self, idx, views, random_replace=None):
         """The last layer's states (N, M, C) at each view's targets; idx (N, T) holds each view's row as embedding
-        ids. Every layer runs over the whole sequence, with <mask> at the targets."""
-        masked = corrupt(idx, views.target_pos, self.config.mask_token_id, self.config.random_replace)
+        ids. Every layer runs over the whole sequence, with <mask> at the targets (or the 80/10/10 rule, if
+        random_replace, by default the config's)."""
+        random_replace = self.config.random_replace if random_replace is None else random_replace
+        masked = corrupt(idx, views.target_pos, self.config.mask_token_id, random_replace)
         h, _ = self.run_encoder(masked, torch.arange(idx.size(1), device=idx.device))  # (N, T, C)
         # the LM head, the costliest matmul of a small model, runs only where there is a target
         return h.gather(1, views.target_pos[..., None].expand(-1, -1, h.size(-1)))     # (N, M, C)
+
+    def fill(self, idx, views):
+        """MaskedLM.fill with <mask> at every target, even for a model trained with 80/10/10: that rule corrupts
+        training inputs, and the targets it leaves as they are would show the model the answer."""
+        return self.lm_logits(self.predict(idx, views, random_replace=False))
 
 
 class CrossBERT(MaskedLM):
@@ -344,6 +360,15 @@ class ELECTRA(MaskedLM):
         x = x.gather(1, target_pos[..., None].expand(-1, -1, x.size(-1)))  # (N, M, Cg): only targets need the head
         return self.lm_loss(self.gen_out(self.ln_g(x)), idx, target_pos)
 
+    def fill(self, idx, views):
+        """Its generator's logits (N, M, vocab) at each view's targets: the discriminator fills nothing."""
+        return self.run_generator(idx, views.target_pos)[0]
+
+    def discriminate(self, idx):
+        """The discriminator's logits (N, T) that each token of idx (embedding ids) replaced the original."""
+        h, _ = self.run_encoder(idx, torch.arange(idx.size(1), device=idx.device))  # (N, T, C)
+        return self.rtd_head(h).squeeze(-1).float()
+
     def draw(self, B, T, generator=None, device=None):
         """The views, and the uniforms u (N, M) in [0, 1) that pick the generator's samples by inverse CDF."""
         views, = super().draw(B, T, generator, device)
@@ -359,8 +384,7 @@ class ELECTRA(MaskedLM):
         # (those below <mask>), so the discriminator never meets <mask> or <pad>
         text_logits = logits.detach()[..., :self.config.mask_token_id]
         replaced, is_replaced = replace_tokens(idx, views.target_pos, text_logits, u)
-        h, _ = self.run_encoder(replaced, torch.arange(idx.size(1), device=idx.device))  # (N, T, C)
-        rtd_logits = self.rtd_head(h).squeeze(-1).float()                              # (N, T)
+        rtd_logits = self.discriminate(replaced)  # (N, T)
         rtd_loss = F.binary_cross_entropy_with_logits(rtd_logits, is_replaced.float())
         with torch.no_grad():
             stats = dict(mlm_loss=mlm_loss.detach(), rtd_loss=rtd_loss.detach(),

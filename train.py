@@ -8,13 +8,15 @@ Pretrain BERT, CrossBERT or ELECTRA, on one process (CPU or GPU) or with torchru
     torchrun --nnodes=2 --node_rank=0 --nproc_per_node=8 --master_addr=... --master_port=29500 train.py ...
                                                       # and --node_rank=1 on the second node (README: multi-node)
 
-Settings are the globals below; config/*.py files and --key=value arguments override them, in order.
+Settings are the globals below; config/*.py files and --key=value arguments override them, in order. On SIGTERM or
+SIGUSR1 (a cluster's preemption) a run saves the step it is in and exits with status 75; --init_from=resume continues it.
 """
 import datetime
 import gc
 import json
 import math
 import os
+import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -84,6 +86,9 @@ probe_interval = 0            # >0: frozen-probe GLUE tasks every this many step
 probe_tasks = "SST-2"
 probe_glue_dir = ""           # local GLUE folder; empty = from the hub
 probe_max_train = 2000
+wandb_log = False             # also send log.jsonl's records to Weights & Biases, live (pip install wandb)
+wandb_project = "crossbert"
+wandb_run_name = ""           # empty = out_dir
 snapshots = 0                 # >0: also keep the weights at this many log-spaced points of the run: max_iters / 2^k for
                               # k = snapshots-1 .. 1, and the end (ckpt.pt), each with its val loss: probes along training
 # system
@@ -186,13 +191,14 @@ if fsdp:  # FSDP2: each block's parameters, gradients and optimizer state are sh
     fully_shard(model)
 optimizer = model.configure_optimizers(weight_decay, learning_rate, (beta1, beta2), device_type)
 ckpt_path = os.path.join(out_dir, "ckpt.pt")
-step, tokens_seen, flops_seen, resumed_max_iters = 0, 0, 0.0, None
+step, tokens_seen, flops_seen, resumed_max_iters, wandb_id = 0, 0, 0.0, None, None
 if ckpt:  # resume: its weights, optimizer and RNG states, copied in (checkpoint.restore)
     if not checkpoint.restore(ckpt, model, optimizer, rank, torch.device(device)):  # only dropout draws from it
         log(f"note: {ckpt_path} holds {ckpt['rng_device']} RNG states and this run is on {device_type}: dropout draws a "
             f"fresh stream{' (dropout is 0: nothing changes)' if not dropout else ', so the run is no longer exact'}")
     step, tokens_seen, flops_seen = ckpt["step"], ckpt["tokens"], ckpt["flops"]
     resumed_max_iters = ckpt.get("max_iters")  # the run's length after its budget (older checkpoints: unknown)
+    wandb_id = ckpt.get("wandb_id")  # a resumed run's records go on in its wandb run
     log(f"resumed from {ckpt_path} at step {step}")
     del ckpt  # the copies live in the model and optimizer now
 raw_model = model  # checkpoints hold its state_dict: no "_orig_mod." or "module." prefixes
@@ -266,7 +272,8 @@ def save_checkpoint():
     if master:
         checkpoint.save_checkpoint(ckpt_path, {**state, "model_type": model_type, "model_args": asdict(config),
                                                "config": settings, "step": step, "tokens": tokens_seen,
-                                               "flops": flops_seen, "max_iters": max_iters})
+                                               "flops": flops_seen, "max_iters": max_iters,
+                                               "wandb_id": wandb_run.id if wandb_run else None})
         log(f"saved checkpoint to {ckpt_path} (step {step})")
 
 
@@ -305,12 +312,19 @@ def run_probe():
 
 
 log_file = checkpoint.start_log(out_dir, step if init_from == "resume" else None) if master else None
+wandb_run = None
+if wandb_log and master:  # live curves, optional: wandb is imported only here
+    import wandb
+    wandb_run = wandb.init(project=wandb_project, name=wandb_run_name or out_dir, config=settings, id=wandb_id,
+                           resume="allow")
 
 
 def write_log(record):
     if log_file:
         log_file.write(json.dumps(record) + "\n")
         log_file.flush()
+    if wandb_run:
+        wandb_run.log(record, step=record["step"])
 
 
 write_log({"step": step, "unigram_loss": round(unigram, 4), "max_iters": max_iters, "flops_per_step": flops_per_step,
@@ -320,6 +334,40 @@ write_log({"step": step, "unigram_loss": round(unigram, 4), "max_iters": max_ite
 interrupt_hook("train.py", lambda: f"interrupted at step {step}; " + (
     f"the last checkpoint is {ckpt_path}; continue with --init_from=resume --out_dir={out_dir}"
     if os.path.exists(ckpt_path) else "no checkpoint was written yet"))
+
+# Preemption: a cluster ends a job with SIGTERM, or first with a signal it was told to send (SLURM: --signal=USR1@120).
+# The handler only notes the signal and the step it came after; the loop finishes the step it is in, saves a checkpoint
+# and exits with PREEMPTED. A second signal during the save is noted and nothing more (the write is atomic anyway, and
+# holds Ctrl-C), so nothing can be left half-written.
+PREEMPTED = 75  # EX_TEMPFAIL (sysexits.h): not done and not failed, "try again": a job script can tell it from a
+                # finished run (0), a crash (1) and bad input (2), and requeue the same command with --init_from=resume
+stop = None     # (the signal's name, the step it came after)
+
+
+def on_stop_signal(signum, frame):
+    global stop
+    stop = stop or (signal.Signals(signum).name, step)
+
+
+for sig in (signal.SIGTERM, signal.SIGUSR1):
+    signal.signal(sig, on_stop_signal)
+    signal.siginterrupt(sig, False)  # a system call it interrupts restarts, as a collective's socket reads must
+
+
+def preempted():
+    """Whether to stop now for a signal, with the same answer on every process. One process reads its flag, a Python
+    variable, every step: no sync. On torchrun a signal reaches the processes at different steps (or only some of
+    them), but all must stop at the same step, since saving is a collective: they agree with one all_reduce of their
+    flags at each log point, where the loss is read anyway, and never in between, so no step waits on the others or
+    on the device for it. The cost: a signal stops them up to log_interval steps later."""
+    if not ddp:
+        return stop is not None
+    if step % log_interval:
+        return False
+    flag = torch.tensor(stop is not None, dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag)
+
 
 # -----------------------------------------------------------------------------
 # training loop
@@ -400,8 +448,19 @@ while True:
         write_log(record)
         loss_sum = 0
         t_log, steps_since_log = time.perf_counter(), 0
+    if step < max_iters and preempted():  # the last step goes on to its evaluation and checkpoint as usual
+        save_checkpoint()
+        break
 
-log(f"done: {step} steps, {tokens_seen:,} tokens, {flops_seen:.2e} FLOPs; checkpoint at {ckpt_path}")
+if step < max_iters:
+    why = f"{stop[0]} came after step {stop[1]}" if stop else "another process was signalled"
+    if master:
+        print(f"train.py: {why}; stopped at step {step} and saved {ckpt_path}; continue with the same settings and "
+              f"--init_from=resume (exit status {PREEMPTED})", file=sys.stderr, flush=True)
+else:
+    log(f"done: {step} steps, {tokens_seen:,} tokens, {flops_seen:.2e} FLOPs; checkpoint at {ckpt_path}")
+if wandb_run:
+    wandb_run.finish()
 if ddp:
     # free what holds the process group (DDP/FSDP state, the optimizer) while the interpreter is alive, then leave
     # together: a gloo group left for interpreter exit to destroy can abort with "terminate called without an
@@ -410,3 +469,9 @@ if ddp:
     gc.collect()
     dist.barrier()
     dist.destroy_process_group()
+# all is saved and the process group is gone: a signal has nothing left to stop. Ignored, it cannot change the exit
+# status: torchrun signals the processes still exiting once one has exited, and Python, shutting down, would restore the
+# default handlers, which end a process by the signal
+for sig in (signal.SIGTERM, signal.SIGUSR1):
+    signal.signal(sig, signal.SIG_IGN)
+sys.exit(PREEMPTED if step < max_iters else 0)

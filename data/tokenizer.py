@@ -6,6 +6,7 @@ import base64
 import functools
 import hashlib
 import os
+import re
 
 import numpy as np
 import tiktoken
@@ -47,6 +48,13 @@ def get_tokenizer(path=RANKS_PATH):
 def encode(text):
     """Token ids of ordinary text: a special token's spelling in the text is encoded as plain text."""
     return get_tokenizer().encode_ordinary(text)
+
+
+def encode_masked(text):
+    """Token ids of text in which each `<mask>` is one <mask> id, a token to fill. The spaces before a <mask> belong to
+    it (as in RoBERTa's tokenizer): GPT-2's tokens carry their leading space (" time"), so "upon a <mask>" must leave
+    that space to the fill rather than make a token of it. Other special tokens' spellings stay plain text."""
+    return get_tokenizer().encode(re.sub(r" *<mask>", "<mask>", text), allowed_special={"<mask>"}, disallowed_special=())
 
 
 def encode_batch(texts, threads=os.cpu_count()):

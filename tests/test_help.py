@@ -29,6 +29,7 @@ def test_help_lists_the_settings_with_defaults_and_comments(script, begins, sett
 
 
 @pytest.mark.parametrize("script,option", [("probe.py", "--layers"), ("embed.py", "--save_pooler"), ("export.py", "--pooler"),
+                                           ("sample.py", "--neighbours"),
                                            ("experiments/noise.py", "--init_seeds"),
                                            ("data/local/prepare.py", "--val_every")])
 def test_help_of_argparse_scripts(script, option):

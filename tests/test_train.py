@@ -1,6 +1,8 @@
 """train.py end to end, in subprocesses on a tiny model and a random-token corpus."""
 import json
 import os
+import random
+import signal
 import socket
 import subprocess
 import sys
@@ -460,3 +462,133 @@ def test_a_resumed_run_keeps_its_trajectory(tmp_path, dataset):
         b = torch.load(cut / "snapshots" / name, weights_only=True)
         assert a["step"] == b["step"] == int(name[4:10]) and a["val_loss"] == b["val_loss"]
         assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+# train.py, with every torch.save (a checkpoint's write) sending the process SIGUSR1 first: a signal during the save
+SIGNAL_IN_SAVE = """
+import os, runpy, signal, sys
+import torch
+save = torch.save
+def signalled_save(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGUSR1)
+    return save(*args, **kwargs)
+torch.save = signalled_save
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+def stop_at_random_step(cmd, stop_after, signal_to):
+    """Run cmd, send SIGTERM (by signal_to(process)) once it has logged step stop_after, and wait: (exit status, its
+    output, the step the signal came after and the step it stopped at, as its one stop line says)."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**ENV, "PYTHONPATH": ROOT}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith(f"step {stop_after}/"):
+            signal_to(proc)
+            break
+    lines += proc.stdout.readlines()
+    proc.wait(timeout=300)
+    stop = [line for line in lines if line.startswith("train.py: SIGTERM came after step ")]
+    assert len(stop) == 1, "".join(lines)
+    came, stopped = (int(stop[0].split(f"{word} step ")[1].split(";")[0].split()[0]) for word in ("after", "at"))
+    assert stop[0].rstrip().endswith("continue with the same settings and --init_from=resume (exit status 75)")
+    return proc.returncode, "".join(lines), came, stopped
+
+
+@pytest.mark.slow
+def test_sigterm_saves_the_step_in_flight_and_resume_continues_exactly(tmp_path, dataset):
+    # a checkpoint only when signalled (and at the end): the stop's save is the first, and a second signal hits it
+    args = ["--eval_interval=1000", "--total_batch_size=64", "--dropout=0.1", "--max_iters=30"]
+    train(tmp_path / "full", dataset, *args)
+    script = tmp_path / "signal_in_save.py"
+    script.write_text(SIGNAL_IN_SAVE)
+    k = random.randrange(2, 20)
+    cmd = [sys.executable, "-u", str(script), *TINY, f"--dataset={dataset}", f"--out_dir={tmp_path / 'cut'}", *args]
+    status, out, came, stopped = stop_at_random_step(cmd, k, lambda p: p.send_signal(signal.SIGTERM))
+    # the step in flight is finished (none is, if the signal came between a step's end and the check)
+    assert status == 75 and k <= came <= stopped <= came + 1, (k, out)
+    ckpt = torch.load(tmp_path / "cut" / "ckpt.pt", weights_only=True)  # whole, though signalled mid-write
+    assert ckpt["step"] == stopped and not (tmp_path / "cut" / "ckpt.pt.tmp").exists()
+    train(tmp_path / "cut", dataset, *args, "--init_from=resume")
+    full, cut = losses(tmp_path / "full"), losses(tmp_path / "cut")
+    assert list(cut) == list(range(1, 31)) and cut == full  # dropout included
+    a, b = (torch.load(tmp_path / run / "ckpt.pt", weights_only=True)["model"] for run in ("full", "cut"))
+    assert all(torch.equal(a[k], b[k]) for k in a)  # bit for bit: every weight at the end
+
+
+def worker_pids(proc):
+    """The processes torchrun started."""
+    return [int(p) for p in open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split()]
+
+
+@pytest.mark.slow
+def test_sigterm_stops_every_torchrun_process_at_one_log_point(tmp_path, dataset):
+    # SIGTERM to each process (as a cluster signals every task): they agree at the next log point, 3 steps apart
+    args = ["--eval_interval=1000", "--total_batch_size=256", "--learning_rate=3e-3", "--min_lr=3e-3", "--dtype=float32",
+            "--log_interval=3", "--max_iters=36"]
+    train(tmp_path / "one", dataset, *args)
+    k = 3 * random.randrange(1, 8)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", *TINY,
+           f"--dataset={dataset}", f"--out_dir={tmp_path / 'two'}", *args]
+    status, out, came, stopped = stop_at_random_step(
+        cmd, k, lambda p: [os.kill(pid, signal.SIGTERM) for pid in worker_pids(p)])
+    assert out.count("exitcode  : 75") == 2 and status == 1, out  # each process exits 75; torchrun reports them
+    assert k <= came <= stopped <= came + 3 and stopped % 3 == 0, (k, out)
+    assert torch.load(tmp_path / "two" / "ckpt.pt", weights_only=True)["step"] == stopped
+    train(tmp_path / "two", dataset, *args, "--init_from=resume", nproc=2)
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert list(two) == list(one) == list(range(3, 37, 3))
+    assert all(two[s] == pytest.approx(one[s], abs=2e-4) for s in one)  # the DDP tolerance
+
+
+# train.py with wandb's runs spied on: what each run was started with and sent, in the file $SPY (one JSON per line)
+SPY_ON_WANDB = """
+import json, os, runpy, sys
+import wandb
+init = wandb.init
+def spied_init(**kwargs):
+    run = init(**kwargs)
+    log = run.log
+    def spied_log(data, step=None):
+        with open(os.environ["SPY"], "a") as f:
+            f.write(json.dumps({"id": run.id, "step": step, "data": data}) + "\\n")
+        log(data, step=step)
+    run.log = spied_log
+    with open(os.environ["SPY"], "a") as f:
+        f.write(json.dumps({"id": run.id, "init": {k: v for k, v in kwargs.items() if k != "config"}}) + "\\n")
+    return run
+wandb.init = spied_init
+sys.argv = ["train.py", *sys.argv[1:]]
+runpy.run_path("train.py", run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_wandb_gets_the_records_of_the_log_and_a_resumed_run_goes_on_in_its_run(tmp_path, dataset):
+    pytest.importorskip("wandb")
+    script, spy = tmp_path / "spy_on_wandb.py", tmp_path / "spy.jsonl"
+    script.write_text(SPY_ON_WANDB)
+    env = {**ENV, "PYTHONPATH": ROOT, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true",
+           "SPY": str(spy)}
+    cmd = [sys.executable, str(script), *TINY, f"--dataset={dataset}", f"--out_dir={tmp_path / 'out'}",
+           "--eval_interval=2", "--total_batch_size=64", "--wandb_log=True", "--wandb_project=tiny"]
+    runs, logs = [], []
+    for more in (["--max_iters=2"], ["--max_iters=4", "--init_from=resume"]):
+        out = subprocess.run(cmd + more, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+        spied = [json.loads(line) for line in spy.read_text().splitlines()]
+        spy.unlink()
+        runs.append((spied[0]["init"], {s["id"] for s in spied}, spied[1:]))
+        logs.append(records(tmp_path / "out"))
+    (init1, ids1, sent1), (init2, ids2, sent2) = runs
+    assert init1 == dict(project="tiny", name=str(tmp_path / "out"), id=None, resume="allow")
+    assert init2 == {**init1, "id": ids1.pop()} and ids2 == {init2["id"]}  # the resumed run goes on in the first's
+    # the records of log.jsonl, in order, each at its step: the first run's, then the resumed run's after those it kept
+    assert all(s["step"] == s["data"]["step"] for s in sent1 + sent2)
+    assert [s["data"] for s in sent1] == logs[0]
+    kept = [r for r in logs[0] if r["step"] < 2 or (r["step"] == 2 and "loss" in r)]
+    assert logs[1] == kept + [s["data"] for s in sent2] and logs[1][-1]["step"] == 4
+    assert len(list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))) == 2  # wandb wrote both, offline

@@ -1,0 +1,220 @@
+"""
+See what a checkpoint learned: fill masks, cut a sentence into CrossBERT's complementary views, find a text's nearest
+neighbours (nanoGPT's sample.py, for masked-language models).
+
+    python sample.py --text="Once upon a <mask>, a <mask> lived in the woods."   # the top fills of each <mask>
+    python sample.py --views="The old man looked out at the sea."               # what each view sees and fills
+    python sample.py --neighbours=lines.txt --query="The ship sailed at dawn."   # the nearest lines of a file
+    python sample.py --ckpt=out-electra/ckpt.pt --text="The dog <mask> at the cat." --detect
+
+Each model fills masks the way it trained: BERT runs every layer with <mask> at the targets and reads its LM head
+there; CrossBERT's encoder sees the visible tokens only and its predictor's queries fill the masked positions;
+ELECTRA's generator (a narrow BERT) fills them, and with --detect its discriminator, the encoder, says how likely each
+token of the text (masks filled by the generator first) is a replacement. Neighbours are ranked by the cosine of the
+encoder's mean-pooled last-layer features (embed.py's zero-shot embeddings); lines longer than the block are cut to it.
+"""
+import argparse
+
+import numpy as np
+import torch
+
+from checkpoint import load_checkpoint
+from configurator import fail, user_errors
+from data.tasks import EvalError
+from data.tokenizer import EOT, MASK, decode, encode, encode_masked
+from embed import read_texts, search
+from features import embed_texts
+from masking import Views, make_views
+
+# how each family fills a masked position, printed above its fills
+HOW = {"bert": "BERT reads the text with <mask> at the targets; its LM head fills them",
+       "crossbert": "the encoder sees the visible tokens only; the predictor's queries fill the masked positions",
+       "electra": "the generator (a narrow BERT) reads the text with <mask> at the targets and fills them"}
+
+
+def row_texts(model):
+    """row_text(row): the text an embedding row stands for (a compact vocabulary's <unk> is the row of every rare
+    id)."""
+    if model.vocab_map is None:
+        ids = np.arange(model.config.vocab_size)
+    else:
+        rows = model.vocab_map[:EOT + 1].cpu().numpy()  # the row of each text id
+        alone = np.bincount(rows, minlength=model.config.vocab_size)[rows] == 1
+        ids = np.full(model.config.vocab_size, -1)
+        ids[rows[alone]] = np.flatnonzero(alone)
+    return lambda row: decode([ids[row]]) if ids[row] >= 0 else "<unk>"
+
+
+def shown(text):
+    """A token as printed: without its leading space, or quoted when it is only whitespace."""
+    return text.strip() or repr(text)
+
+
+def piece(text):
+    """A fill as printed: as shown(), with BERT's ## before a word piece glued to what comes before (no leading
+    space), so that " the" and "the" read apart."""
+    return "##" + text if text[:1].isalnum() else shown(text)
+
+
+def checked(ids, block_size, what):
+    """The token ids of a text, which must fit in the model's block."""
+    if len(ids) > block_size:
+        fail(f"{what} is {len(ids)} tokens, longer than the checkpoint's block of {block_size}: shorten it", "sample.py")
+    if not ids:
+        fail(f"{what} is empty: pass some text", "sample.py")
+    return ids
+
+
+@torch.inference_mode()
+def fills(model, ids, views):
+    """The model's fills at each view's targets, as probabilities (N, M, rows) over the embedding rows a text can
+    hold (those below <mask>, as ELECTRA samples); ids: the text's GPT-2 ids."""
+    device = model.wte.weight.device
+    views = Views(*(t.to(device) for t in views))
+    idx = model.vocab_ids(torch.tensor([ids], device=device))[views.rows]
+    return torch.softmax(model.fill(idx, views)[..., :model.config.mask_token_id].float(), dim=-1)
+
+
+def top(probs, k, row_text):
+    """The k likeliest fills of one position (probs: over the rows), as "word 0.412, ##piece 0.051, ..."."""
+    p, rows = probs.topk(min(k, len(probs)))
+    return ", ".join(f"{piece(row_text(r))} {q:.3f}" for q, r in zip(p.tolist(), rows.tolist()))
+
+
+def masked(text, block_size, detect):
+    """--text's ids, checked: a <mask> to fill (unless --detect), and some words to read."""
+    ids = checked(encode_masked(text), block_size, "--text")
+    if MASK not in ids and not detect:
+        fail('--text has no <mask>: put <mask> where a word should be filled, e.g. --text="Once upon a <mask>."',
+             "sample.py")
+    if ids.count(MASK) == len(ids):
+        fail("--text is all <mask>: leave some words for the model to read", "sample.py")
+    return ids
+
+
+def cut(ids, config, seed):
+    """--views: the text's ids and its views, as masking.py cuts a training row with the checkpoint's mask ratio (and
+    complementary masking). Complementary views cut a row into equal chunks: <|endoftext|>, which separates the texts
+    of the training windows, pads the text to a multiple of their number."""
+    ids = ids + [EOT] * (-len(ids) % config.views[0])
+    try:
+        return ids, make_views(1, len(ids), config.mask_ratio, config.cms, generator=torch.Generator().manual_seed(seed))
+    except ValueError:
+        fail(f"--views is {len(ids)} tokens, too short to mask {config.mask_ratio:g} of it and keep the rest: pass a "
+             "longer text", "sample.py")
+
+
+def fill_masks(model, text, ids, k, row_text):
+    """--text: the top-k fills of each <mask>, with their probabilities. Returns {each <mask>'s position: its top
+    fill, an embedding row}."""
+    where = [i for i, t in enumerate(ids) if t == MASK]
+    seen = [i for i in range(len(ids)) if i not in where]
+    probs = fills(model, ids, Views(torch.zeros(1, dtype=torch.long), torch.tensor([seen]), torch.tensor([where])))[0]
+    print(text)
+    for j, p in enumerate(probs, 1):
+        print(f"<mask> {j}: {top(p, k, row_text)}")
+    return dict(zip(where, probs.argmax(-1).tolist()))
+
+
+@torch.inference_mode()
+def detect(model, text, ids, k, row_text):
+    """--detect (ELECTRA): the discriminator's probability that each token of the text was replaced, its <mask>s
+    filled first by the generator (its top fill, where training samples one)."""
+    filled = fill_masks(model, text, ids, k, row_text) if MASK in ids else {}
+    rows = model.vocab_ids(torch.tensor(ids, device=model.wte.weight.device))
+    for pos, row in filled.items():
+        rows[pos] = row
+    p = torch.sigmoid(model.discriminate(rows[None]))[0].tolist()
+    print("the discriminator's probability that each token was replaced:")
+    for pos, (t, q) in enumerate(zip(ids, p)):
+        word = shown(row_text(filled[pos]) if pos in filled else decode([t]))
+        print(f"  {q:.3f}  {word}" + ("   <- replaced?" if q > 0.5 else ""))
+
+
+def show_views(model, ids, views, k, row_text):
+    """--views: what each view's model sees of the text, and its fills at the other positions with the true token's
+    rank. Returns the ranks, in the order printed."""
+    cfg = model.config
+    probs = fills(model, ids, views)
+    true_rows = model.vocab_ids(torch.tensor(ids, device=probs.device))
+    words = [decode([t]) for t in ids]
+    ranks = []
+    print(f"{len(ids)} tokens, {len(views.rows)} view(s), mask ratio {cfg.mask_ratio:g}" +
+          (" (complementary: each view predicts what the others see)" if cfg.cms else ""))
+    for v, (seen, targets) in enumerate(zip(views.visible_pos.tolist(), views.target_pos.tolist())):
+        sentence = "".join(w if i in seen else w[:len(w) - len(w.lstrip())] + "_" * len(w.strip() or "_")
+                           for i, w in enumerate(words))
+        print(f"view {v + 1}: sees {len(seen)} tokens: {sentence}")
+        for pos, p in sorted(zip(targets, probs[v]), key=lambda x: x[0]):
+            truth = true_rows[pos]  # the true token as the model knows it (<unk>: outside a compact vocabulary)
+            ranks.append(int((p > p[truth]).sum()) + 1)
+            print(f"  {shown(row_text(truth)):>12}  rank {ranks[-1]:<5}  {top(p, k, row_text)}")
+    print(f"the top fill is the true token at {ranks.count(1)} of {len(ranks)} positions; median rank "
+          f"{int(np.median(ranks))}")
+    return ranks
+
+
+def neighbours(model, path, lines, query, k):
+    """--neighbours: the k lines (line number, text) nearest to the query, by cosine similarity of the encoder's
+    embeddings."""
+    d = embed_texts(model, None, [t for _, t in lines])
+    q = embed_texts(model, None, [query])
+    hits = search(q, d, min(k, len(lines)), torch.tensor([-1]))[0]
+    print(f"the {len(hits)} lines of {path} ({len(lines):,} texts) nearest to the query, by cosine similarity:")
+    for r in hits.tolist():
+        n, t = lines[r]
+        print(f"  {float(q[0] @ d[r]):.3f}  line {n}: {t if len(t) <= 100 else t[:97] + '...'}")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ckpt", default="out/ckpt.pt", help="a train.py checkpoint (or snapshot)")
+    ap.add_argument("--text", default="", help="a text with <mask>s to fill (or any text, with --detect)")
+    ap.add_argument("--views", default="", help="a text to cut into the model's views, each filling the others")
+    ap.add_argument("--neighbours", default="", help="a file of texts (.txt: one per line, or .jsonl)")
+    ap.add_argument("--query", default="", help="with --neighbours: the text whose nearest lines to find")
+    ap.add_argument("--detect", action="store_true", help="with --text, ELECTRA: which tokens look replaced")
+    ap.add_argument("--top_k", type=int, default=5, help="fills per position, or neighbours")
+    ap.add_argument("--seed", type=int, default=1337, help="--views: the seed of the random cut")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = ap.parse_args(argv)
+    if bool(args.neighbours) != bool(args.query):
+        fail("--neighbours=FILE and --query=TEXT go together: the lines of FILE nearest to TEXT", "sample.py")
+    if sum(map(bool, (args.text, args.views, args.neighbours))) != 1:
+        fail("pass one of --text=..., --views=... or --neighbours=FILE --query=...", "sample.py")
+    if args.detect and not args.text:
+        fail("--detect reads --text=...: the text whose replaced tokens to find", "sample.py")
+    if args.top_k < 1:
+        fail(f"--top_k={args.top_k}: must be at least 1", "sample.py")
+    with user_errors("sample.py", EvalError):
+        try:
+            model, ckpt = load_checkpoint(args.ckpt, args.device)
+        except ValueError as e:
+            fail(str(e), "sample.py")
+        cfg = model.config
+        if args.detect and cfg.model_type != "electra":
+            fail(f"--detect asks ELECTRA's discriminator, and {args.ckpt} holds a {cfg.model_type} model: pass an "
+                 "ELECTRA checkpoint (python train.py config/tiny_electra.py)", "sample.py")
+        # the input, checked before anything is printed
+        if args.text:
+            ids = masked(args.text, cfg.block_size, args.detect)
+        elif args.views:
+            ids, views = cut(checked(encode(args.views), cfg.block_size, "--views"), cfg, args.seed)
+        else:
+            checked(encode(args.query), cfg.block_size, "--query")
+            lines = [(n, t) for n, t in enumerate(read_texts(args.neighbours, "text"), 1) if t.strip()]
+        row_text = row_texts(model)
+        print(f"{cfg.model_type} {cfg.n_layer} x {cfg.n_embd}" + (f", step {ckpt['step']}" if "step" in ckpt else "") +
+              f" ({args.ckpt})" + ("" if args.neighbours else f": {HOW[cfg.model_type]}"))
+        if args.detect:
+            detect(model, args.text, ids, args.top_k, row_text)
+        elif args.text:
+            fill_masks(model, args.text, ids, args.top_k, row_text)
+        elif args.views:
+            show_views(model, ids, views, args.top_k, row_text)
+        else:
+            neighbours(model, args.neighbours, lines, args.query, args.top_k)
+
+
+if __name__ == "__main__":
+    main()
