@@ -11,6 +11,7 @@ from conftest import tiny_tasks
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_the_report(tmp_path):
     report = tmp_path / "report" / "cpu.md"
     out = subprocess.run([sys.executable, "experiments/acceptance.py", "--smoke", f"--tasks={tiny_tasks(tmp_path)}",

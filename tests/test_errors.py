@@ -10,6 +10,8 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import script_error
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--compile=False", "--eval_iters=1"]
@@ -234,17 +236,17 @@ def test_a_program_error_keeps_its_traceback(monkeypatch):
         assert e.value.code == 2 and seen == [ZeroDivisionError]
 
 
-def test_checkpoint_is_never_replaced_silently(dataset, tmp_path):
+def test_checkpoint_is_never_replaced_silently(dataset, tmp_path, monkeypatch, capsys):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     (out_dir / "ckpt.pt").write_bytes(b"precious")
-    out = run([], dataset, out_dir)
-    assert out.returncode == 2 and "already holds a checkpoint" in out.stderr and "--overwrite=True" in out.stderr
+    args = ["train.py", *TINY, f"--dataset={dataset}", f"--out_dir={out_dir}"]
+    err = script_error(monkeypatch, capsys, *args)
+    assert "already holds a checkpoint" in err and "--overwrite=True" in err
     assert (out_dir / "ckpt.pt").read_bytes() == b"precious"
     for content, fragment in [(b"", "is empty (0 bytes)"), (b"not a zip", "is truncated or not a checkpoint")]:
         (out_dir / "ckpt.pt").write_bytes(content)
-        out = run(["--init_from=resume"], dataset, out_dir)
-        assert out.returncode == 2 and fragment in out.stderr and out.stderr.count("\n") == 1
+        assert fragment in script_error(monkeypatch, capsys, *args, "--init_from=resume")
 
 
 def test_data_description_must_match(tmp_path):
@@ -285,12 +287,10 @@ def test_resumed_log_has_no_duplicates_and_scratch_log_is_new(dataset, tmp_path)
     ("experiments/noise.py", ["--like=x", "--out=README.md/noise.json"],
      "README.md is a file, not a folder; pick another --out"),
 ])
-def test_other_scripts_end_bad_input_in_one_line(script, args, message, tmp_path):
-    out = subprocess.run([sys.executable, script, *args, *([f"--out_dir={tmp_path / 'out'}"] if "prepare" in script
-                                                          else [])], cwd=ROOT, env=ENV, capture_output=True, text=True)
-    name = os.path.basename(script)
-    assert out.returncode == 2 and out.stderr.startswith(f"{name}: error: ") and message in out.stderr, out.stderr
-    assert out.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
+def test_other_scripts_end_bad_input_in_one_line(script, args, message, tmp_path, monkeypatch, capsys):
+    out_dir = [f"--out_dir={tmp_path / 'out'}"] if "prepare" in script else []
+    assert message in script_error(monkeypatch, capsys, script, *args, *out_dir)
+    assert not (tmp_path / "out").exists()
 
 
 def test_ctrl_c_names_the_checkpoint(dataset, tmp_path):
@@ -347,11 +347,10 @@ def task_folder(root, name, labels):
     (["0.5", "nan", "1.5", "2.0"], "label 'nan' is not a finite number"),
     (["0", "1"] * 5 + ["yes"], "the labels mix numbers and words (0, 1, yes)"),
 ])
-def test_probe_refuses_meaningless_tasks(labels, message, tmp_path):
+def test_probe_refuses_meaningless_tasks(labels, message, tmp_path, monkeypatch, capsys):
     task = task_folder(tmp_path, "task", labels)
-    out = subprocess.run([sys.executable, "probe.py", "--ckpt=random", "--n_layer=1", "--n_embd=32", "--n_head=2",
-                          f"--tasks={task}"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and out.stderr.startswith("probe.py: error: ") and message in out.stderr, out.stderr
+    assert message in script_error(monkeypatch, capsys, "probe.py", "--ckpt=random", "--n_layer=1", "--n_embd=32",
+                                   "--n_head=2", f"--tasks={task}")
 
 
 @pytest.mark.parametrize("args,message", [
@@ -359,14 +358,16 @@ def test_probe_refuses_meaningless_tasks(labels, message, tmp_path):
     (["--pairs=EMPTY"], "no pairs there"),
     (["--pairs=FEW"], "fewer pairs than one batch of 64"),
 ])
-def test_embed_refuses_meaningless_training(args, message, tmp_path, shared_dir):
+def test_embed_refuses_meaningless_training(args, message, tmp_path, shared_dir, monkeypatch, capsys):
     (tmp_path / "empty.tsv").write_text("")
     (tmp_path / "few.tsv").write_text("".join(f"a{i}\tb{i}\n" for i in range(10)))
     args = [a.replace("EMPTY", str(tmp_path / "empty.tsv")).replace("FEW", str(tmp_path / "few.tsv")) for a in args]
-    out = subprocess.run([sys.executable, "embed.py", "--ckpt=random", "--n_layer=1", "--n_embd=32", "--n_head=2",
-                          f"--sts={shared_dir / 'glue' / 'STS-B'}", *args], cwd=ROOT, env=ENV, capture_output=True,
-                         text=True, timeout=300)
-    assert out.returncode == 2 and message in out.stderr, out.stderr
+    # in this process; the error follows the lines embed.py prints as it works, so it is the last line, not the only one
+    monkeypatch.setattr(sys, "argv", ["embed.py", "--ckpt=random", "--n_layer=1", "--n_embd=32", "--n_head=2",
+                                      f"--sts={shared_dir / 'glue' / 'STS-B'}", *args])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(os.path.join(ROOT, "embed.py"), run_name="__main__")
+    assert e.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1]
 
 
 def test_non_finite_weights_are_caught_at_load(tmp_path):

@@ -81,6 +81,7 @@ def test_export_holds_the_encoder_only(tmp_path):
         assert "\nfrom .masking import " in code and "\nfrom masking import " not in code
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type,kind", [("crossbert", None), ("crossbert", "attn"), ("bert", "mean"),
                                              ("electra", None)])
 def test_transformers_loads_the_export_with_the_same_features(model_type, kind, tmp_path):
@@ -106,6 +107,7 @@ def test_transformers_loads_the_export_with_the_same_features(model_type, kind, 
     assert (got.pooler_output - embed_texts(model, pooler, texts)).abs().max() <= 1e-5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", [None, "attn"])
 def test_sentence_transformers_encode_equals_embed_py(kind, tmp_path):
     st = pytest.importorskip("sentence_transformers")

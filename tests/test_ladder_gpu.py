@@ -20,6 +20,7 @@ def run(tmp_path, *args):
     return report.read_text(), json.loads(report.with_suffix(".json").read_text())
 
 
+@pytest.mark.slow
 def test_smoke_ladder_writes_each_rung(tmp_path):
     # the smoke's own deadline must not refuse rung 2: 3 minutes did, on a 2-core AVX2 CPU busy with the suite
     md, data = run(tmp_path)
@@ -52,6 +53,7 @@ def test_estimate_scales_the_steps_not_the_fixed_costs():
     assert estimate(runs, 2e12) == pytest.approx(100 + 30 + 120 + 30)  # the same FLOPs: what the rung took
 
 
+@pytest.mark.slow
 def test_a_rung_that_cannot_fit_is_not_started(tmp_path):
     # two seconds for the whole ladder: the first rung runs (there is no rate to judge it by), the second is refused
     md, data = run(tmp_path, "--minutes=0.03")

@@ -226,6 +226,7 @@ def test_overfits_one_batch(model_type):
     assert mlm_loss.item() < 0.1 * math.log(256)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["bert", "crossbert", "electra"])
 def test_compiled_matches_eager(model_type):
     model = tiny(model_type)

@@ -11,6 +11,7 @@ from model import CrossBERT, ModelConfig  # noqa: E402
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
 
 
+@pytest.mark.slow
 def test_glue_sts_b_through_mteb_equals_our_zero_shot_score(shared_dir, tmp_path):
     sts = shared_dir / "glue" / "STS-B"
     torch.manual_seed(0)
@@ -24,6 +25,7 @@ def test_glue_sts_b_through_mteb_equals_our_zero_shot_score(shared_dir, tmp_path
     assert saved["scores"]["test"][0]["cosine_spearman"] == pytest.approx(ours / 100, abs=1e-6)
 
 
+@pytest.mark.slow
 def test_command_line_scores_every_row_through_mteb(tmp_path, capsys):
     (tmp_path / "sts.tsv").write_text("".join(f"{i % 5}\tsentence number {i}\tsentence {i * 7 % 11}\n" for i in range(20)))
     (tmp_path / "pairs.tsv").write_text("".join(f"question {i}\tanswer {i}\n" for i in range(40)))

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import probe
-from conftest import assert_one_line_error
+from conftest import assert_one_line_error, script_error
 from data.tasks import load_task
 from model import CrossBERT, ModelConfig
 
@@ -178,19 +178,19 @@ def test_cli_error_is_one_line_without_traceback(tmp_path):
 
 # ---------------------------------------------------------------- end to end
 
-def test_end_to_end_random_model(tmp_path):
+def test_end_to_end_random_model(tmp_path, capsys):
     glue = tiny_glue(tmp_path / "glue")
     write(tmp_path / "mine" / "train.tsv", [("sentence", "label")] + [(f"text {i}", "abc"[i % 3]) for i in range(12)])
     write(tmp_path / "mine" / "dev.tsv", [("sentence", "label")] + [(f"text {i}", "abc"[i % 3]) for i in range(6)])
     tasks = ["SST-2", "CoLA", "MRPC", "STS-B", "RTE", "WNLI", str(tmp_path / "mine")]
-    r = subprocess.run([sys.executable, "probe.py", *TINY, f"--glue_dir={glue}", f"--tasks={','.join(tasks)}",
-                        "--layers=all", f"--out={tmp_path / 'p.json'}"], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    rows = [line.split("|")[1:-1] for line in r.stdout.splitlines() if line.startswith("| ")]
+    probe.main([*TINY, f"--glue_dir={glue}", f"--tasks={','.join(tasks)}", "--layers=all",
+                f"--out={tmp_path / 'p.json'}"])
+    stdout = capsys.readouterr().out
+    rows = [line.split("|")[1:-1] for line in stdout.splitlines() if line.startswith("| ")]
     for layer in ("0", "1", "2"):
         names = [c[1].strip() for c in rows if c[0].strip() == layer]
         assert names == ["SST-2", "CoLA", "MRPC", "STS-B", "RTE", "WNLI", "mine", "**average**"]
-    assert "STS-B: regression" in r.stdout
+    assert "STS-B: regression" in stdout
     out = json.loads((tmp_path / "p.json").read_text())
     assert out["layers"] == [0, 1, 2] and out["tasks"]["SST-2"]["n_train"] == 24 and out["tasks"]["mine"]["n_dev"] == 6
     sst = out["tasks"]["SST-2"]["layers"]["2"]
@@ -214,7 +214,7 @@ def test_checkpoint_and_train_monitor(tmp_path):
     assert again["SST-2/linear"] == pytest.approx(from_ckpt["linear"]["score"])  # same weights, same scores
 
 
-def test_random_twin_of_a_checkpoint_keeps_its_shape_and_vocabulary_map(tmp_path):
+def test_random_twin_of_a_checkpoint_keeps_its_shape_and_vocabulary_map(tmp_path, monkeypatch, capsys):
     from features import add_model_args, load_model
     torch.manual_seed(123)
     model = CrossBERT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=64))
@@ -233,6 +233,5 @@ def test_random_twin_of_a_checkpoint_keeps_its_shape_and_vocabulary_map(tmp_path
     plain = load_model(parser.parse_args(["--ckpt=random", "--n_layer=2", "--n_head=2", "--n_embd=32", "--device=cpu"]))[0]
     assert plain.vocab_map is None
     glue = tiny_glue(tmp_path / "glue")
-    r = subprocess.run([sys.executable, "probe.py", "--ckpt=out/none.pt", f"--like={ckpt}", "--tasks=SST-2",
-                        f"--glue_dir={glue}"], cwd=ROOT, capture_output=True, text=True)
-    assert r.returncode == 2 and "pass it with --ckpt=random" in r.stderr
+    assert "pass it with --ckpt=random" in script_error(monkeypatch, capsys, "probe.py", "--ckpt=out/none.pt",
+                                                       f"--like={ckpt}", "--tasks=SST-2", f"--glue_dir={glue}")

@@ -3,8 +3,6 @@ intervals and trends."""
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 import warnings
 
 import numpy as np
@@ -14,17 +12,16 @@ import torch
 import report
 import stats
 import sweep
-from conftest import tiny_tasks
+from conftest import script_error, tiny_tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_dry_run_trains_nothing(tmp_path):
+def test_dry_run_trains_nothing(tmp_path, capsys):
     out = tmp_path / "sw"
-    r = subprocess.run([sys.executable, "experiments/sweep.py", "--preset=cpu", "--dry_run", f"--out_dir={out}"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert "bert-4x128" in r.stdout and "crossbert-4x128" in r.stdout and "minutes" in r.stdout
+    sweep.main(["--preset=cpu", "--dry_run", f"--out_dir={out}"])
+    stdout = capsys.readouterr().out
+    assert "bert-4x128" in stdout and "crossbert-4x128" in stdout and "minutes" in stdout
     assert not out.exists()
 
 
@@ -60,15 +57,13 @@ def test_every_run_has_a_micro_batch_that_fills_the_device(preset, nproc):
         assert abs(s["total_batch_size"] - wanted) <= max(0.05 * wanted, nproc * s["block_size"] * accumulation)
 
 
-def test_dry_run_prints_the_batch_split():
-    r = subprocess.run([sys.executable, "experiments/sweep.py", "--preset=gpu", "--dry_run"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    line = next(x for x in r.stdout.splitlines() if x.strip().startswith("bert-16x1024 "))
+def test_dry_run_prints_the_batch_split(capsys):
+    sweep.main(["--preset=gpu", "--dry_run"])
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.strip().startswith("bert-16x1024 "))
     assert "393216 tokens (8 x 2 x 48 rows)" in line  # 96 rows per GPU: two micro-steps of 48, not six of 16
 
 
-def test_ladder_trains_every_size_at_20_tokens_per_parameter():
+def test_ladder_trains_every_size_at_20_tokens_per_parameter(capsys):
     runs = sweep.plan(sweep.PRESETS["ladder"], ["main"], ("bert", "crossbert"))
     assert [n for n, _, _ in runs] == ["bert-2x128", "crossbert-2x128", "bert-3x192", "crossbert-3x192",
                                        "bert-4x256", "crossbert-4x256"]
@@ -80,12 +75,11 @@ def test_ladder_trains_every_size_at_20_tokens_per_parameter():
             assert abs(steps * s["total_batch_size"] - 20 * params) <= s["total_batch_size"]
         assert s["max_flops"] == 20 * params * sweep.training_flops(sweep.make_config(bert), "bert") / 128
         assert s["dataset"] == "web" and steps * per_step <= s["max_flops"]  # both families on the same budget
-    r = subprocess.run([sys.executable, "experiments/sweep.py", "--preset=ladder", "--dry_run"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    line = next(x for x in r.stdout.splitlines() if x.strip().startswith("bert-4x256 "))
+    sweep.main(["--preset=ladder", "--dry_run"])
+    stdout = capsys.readouterr().out
+    line = next(x for x in stdout.splitlines() if x.strip().startswith("bert-4x256 "))
     assert "(20.0 per parameter," in line and "5.29M params (3.19M without the embedding)" in line
-    assert "electra" not in r.stdout  # the preset's families unless --families says otherwise
+    assert "electra" not in stdout  # the preset's families unless --families says otherwise
 
 
 def test_plots_on_the_size_axis(tmp_path):
@@ -105,20 +99,17 @@ def test_plots_on_the_size_axis(tmp_path):
         sweep.make_config(dict(results[0]["settings"], model_type="bert")), "bert")[0]
 
 
-def test_budgets_select_a_subset_of_the_plan():
+def test_budgets_select_a_subset_of_the_plan(monkeypatch, capsys):
     p = sweep.PRESETS["cpu-gutenberg"]
     everything = sweep.plan(p, ["main"], seeds=3)
     some = sweep.plan(p, ["main"], ("crossbert",), seeds=3, budgets={"1.4e14", "5.4e14"})
     assert [n for n, _, _ in some] == [f"crossbert-4x256-{b}{s}" for b in ("1.4e14", "5.4e14") for s in ("", "-s1", "-s2")]
     assert all(s in [e for _, _, e in everything] for _, _, s in some)  # the same settings, only fewer runs
-    r = subprocess.run([sys.executable, "experiments/sweep.py", "--preset=cpu-gutenberg", "--dry_run", "--budgets=1.35e14,3e14"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 2 and "3e14 not in preset cpu-gutenberg" in r.stderr
-    assert "its budgets are 3.4e13,6.8e13,1.4e14,2.7e14,5.4e14" in r.stderr
-    r = subprocess.run([sys.executable, "experiments/sweep.py", "--preset=cpu-gutenberg", "--dry_run", "--budgets=2.7e14",
-                        "--families=bert", "--seeds=2"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert [x.split()[0] for x in r.stdout.splitlines() if x.startswith("  bert")] == \
+    err = script_error(monkeypatch, capsys, "experiments/sweep.py", "--preset=cpu-gutenberg", "--dry_run",
+                       "--budgets=1.35e14,3e14")
+    assert "3e14 not in preset cpu-gutenberg" in err and "its budgets are 3.4e13,6.8e13,1.4e14,2.7e14,5.4e14" in err
+    sweep.main(["--preset=cpu-gutenberg", "--dry_run", "--budgets=2.7e14", "--families=bert", "--seeds=2"])
+    assert [x.split()[0] for x in capsys.readouterr().out.splitlines() if x.startswith("  bert")] == \
         ["bert-4x256-2.7e14", "bert-4x256-2.7e14-s1"]
 
 
@@ -131,6 +122,7 @@ def test_power_laws_follow_the_budget():
     assert big["total_batch_size"] % p["block_size"] == 0
 
 
+@pytest.mark.slow
 def test_sweep_runs_probes_and_resumes(tmp_path, monkeypatch):
     data = tmp_path / "data"
     data.mkdir()
@@ -266,6 +258,7 @@ def test_a_barely_rising_trend_extrapolates_without_overflow():
     assert "| bert | linear | not reached | +0.04 [+0.04, +0.04] | 2^2500 [2^" in md
 
 
+@pytest.mark.slow
 def test_ladder_probes_along_training_and_across_layers(tmp_path, monkeypatch):
     """A preset with snapshots keeps the weights at log-spaced points; each is probed at every layer with its val
     loss, and the run and its twin are probed at every layer, the last layer's scores being the run's scores."""

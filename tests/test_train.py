@@ -1,7 +1,9 @@
-"""train.py end to end, in subprocesses on a tiny model and a random-token corpus."""
+"""train.py end to end, in subprocesses on a tiny model and a random-token corpus (its refusals in this process)."""
 import json
+import math
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -14,6 +16,7 @@ import torch
 
 from configurator import configure
 from checkpoint import load_checkpoint
+from conftest import script_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = ["--n_layer=2", "--n_head=2", "--n_embd=32", "--block_size=32", "--batch_size=2", "--eval_iters=2",
@@ -39,6 +42,24 @@ def train(out_dir, dataset, *args, nproc=1):
     return result
 
 
+# the shared runs (runs below): fp32, two micro-steps a step, a checkpoint every 2 steps
+RUN = ["--eval_interval=2", "--total_batch_size=128", "--dtype=float32"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, dataset):
+    """A 4-step run ("full") and the same run 2 steps long ("cut"), trained once for every test that needs a run to
+    compare with or a checkpoint to resume; a test that would write to one works on a copy of it (copy_run)."""
+    d = tmp_path_factory.mktemp("runs")
+    train(d / "full", dataset, "--max_iters=4", *RUN)
+    train(d / "cut", dataset, "--max_iters=2", *RUN)
+    return d
+
+
+def copy_run(runs, name, tmp_path):
+    return shutil.copytree(runs / name, tmp_path / name)
+
+
 def losses(out_dir):
     with open(os.path.join(out_dir, "log.jsonl")) as f:
         records = [json.loads(line) for line in f]
@@ -48,7 +69,7 @@ def losses(out_dir):
 ELECTRA = ["--model_type=electra"]
 
 
-@pytest.mark.parametrize("model", [[], ELECTRA], ids=["crossbert", "electra"])
+@pytest.mark.parametrize("model", [[], pytest.param(ELECTRA, marks=pytest.mark.slow)], ids=["crossbert", "electra"])
 def test_ddp_equals_gradient_accumulation(tmp_path, dataset, model):
     # 4 micro-batches of 2 x 32 tokens a step: four micro-steps in one process, or two in each of two (so DDP's
     # no-sync micro-step runs too); in fp32, where the order of a sum moves a weight by less than the tolerance
@@ -66,7 +87,7 @@ def test_ddp_equals_gradient_accumulation(tmp_path, dataset, model):
     assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
 
 
-@pytest.mark.parametrize("model", [[], ELECTRA], ids=["crossbert", "electra"])
+@pytest.mark.parametrize("model", [[], pytest.param(ELECTRA, marks=pytest.mark.slow)], ids=["crossbert", "electra"])
 def test_resume_continues_exactly(tmp_path, dataset, model):
     args = ["--eval_interval=3", "--total_batch_size=64", "--dropout=0.1", *model]
     train(tmp_path / "full", dataset, "--max_iters=6", *args)
@@ -92,15 +113,16 @@ def test_electra_logs_its_loss_parts(tmp_path, dataset):
     assert val["below_unigram"] == pytest.approx(logged[0]["unigram_loss"] - val["val_loss"], abs=2e-4)
 
 
-def test_resume_rejects_another_model(tmp_path, dataset):
-    train(tmp_path, dataset, "--max_iters=1", "--eval_interval=1", "--total_batch_size=64")
-    cmd = [sys.executable, "train.py", *TINY, f"--dataset={dataset}", f"--out_dir={tmp_path}", "--init_from=resume"]
-    other = subprocess.run(cmd + ["--model_type=bert"], cwd=ROOT, env=ENV, capture_output=True, text=True)
-    assert other.returncode != 0 and "holds a crossbert model but model_type=bert" in other.stderr
-    wider = subprocess.run(cmd + ["--n_embd=64"], cwd=ROOT, env=ENV, capture_output=True, text=True)
-    assert wider.returncode != 0 and "different model config" in wider.stderr and "n_embd" in wider.stderr
+def test_resume_rejects_another_model(tmp_path, dataset, runs, monkeypatch, capsys):
+    args = ["train.py", *TINY, *RUN, f"--dataset={dataset}", f"--out_dir={copy_run(runs, 'cut', tmp_path)}",
+            "--init_from=resume"]
+    other = script_error(monkeypatch, capsys, *args, "--model_type=bert")
+    assert "holds a crossbert model but model_type=bert" in other
+    wider = script_error(monkeypatch, capsys, *args, "--n_embd=64")
+    assert "different model config" in wider and "n_embd" in wider
 
 
+@pytest.mark.slow
 def test_compiled_checkpoint_loads_uncompiled(tmp_path, dataset):
     train(tmp_path, dataset, "--max_iters=2", "--eval_interval=2", "--total_batch_size=64", "--compile=True",
           "--model_type=bert")
@@ -110,13 +132,11 @@ def test_compiled_checkpoint_loads_uncompiled(tmp_path, dataset):
     assert model.encode(torch.zeros(1, 8, dtype=torch.long)).shape == (1, 8, 32)
 
 
-def test_cli_config_errors_are_clear(dataset):
-    bad = subprocess.run([sys.executable, "train.py", "--batchsize=8"], cwd=ROOT, capture_output=True, text=True)
-    assert bad.returncode != 0
-    assert "unknown setting 'batchsize'" in bad.stderr and "batch_size" in bad.stderr
-    odd = subprocess.run([sys.executable, "train.py", "--total_batch_size=100", f"--dataset={dataset}"], cwd=ROOT,
-                         capture_output=True, text=True)
-    assert odd.returncode != 0 and "must be a multiple of" in odd.stderr and "are 128 and 256" in odd.stderr
+def test_cli_config_errors_are_clear(dataset, monkeypatch, capsys):
+    bad = script_error(monkeypatch, capsys, "train.py", "--batchsize=8")
+    assert "unknown setting 'batchsize'" in bad and "batch_size" in bad
+    odd = script_error(monkeypatch, capsys, "train.py", "--total_batch_size=100", f"--dataset={dataset}")
+    assert "must be a multiple of" in odd and "are 128 and 256" in odd
 
 
 def test_configure_types_and_files(tmp_path, capsys):
@@ -175,6 +195,7 @@ def test_unigram_baseline_is_logged_and_exact(tmp_path):
     assert logged[-1]["below_unigram"] == pytest.approx(hand - logged[-1]["val_loss"], abs=2e-4)
 
 
+@pytest.mark.slow
 def test_fsdp_equals_one_process_and_resumes(tmp_path, dataset):
     # two micro-steps per process: the first one without gradient sync
     args = ["--eval_interval=2", "--total_batch_size=256", "--learning_rate=3e-3", "--min_lr=3e-3", "--dtype=float32"]
@@ -197,6 +218,7 @@ def records(out_dir):
         return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_any_process_count_reproduces_one_process(tmp_path, dataset):
     # no batch settings: total_batch_size stays the default and each process derives its share of the rows
     TINY_NO_BATCH = [a for a in TINY if not a.startswith("--batch_size")]
@@ -239,78 +261,85 @@ def test_a_peak_measured_on_a_busy_machine_is_measured_again(tmp_path, dataset):
     assert all(0 < r["mfu"] <= 1 for r in rs if "mfu" in r)
 
 
-def test_resume_refuses_other_run_settings(tmp_path, dataset):
-    train(tmp_path, dataset, "--max_iters=1", "--eval_interval=1", "--total_batch_size=64")
-    cmd = [sys.executable, "train.py", *TINY, f"--dataset={dataset}", f"--out_dir={tmp_path}", "--init_from=resume"]
-    for arg, key in [("--seed=7", "seed"), ("--total_batch_size=128", "total_batch_size"),
+def test_resume_refuses_other_run_settings(tmp_path, dataset, runs, monkeypatch, capsys):
+    out_dir = copy_run(runs, "cut", tmp_path)
+    args = ["train.py", *TINY, *RUN, f"--dataset={dataset}", f"--out_dir={out_dir}", "--init_from=resume"]
+    for arg, key in [("--seed=7", "seed"), ("--total_batch_size=64", "total_batch_size"),
                      ("--learning_rate=5e-3", "learning_rate")]:
-        out = subprocess.run(cmd + ["--total_batch_size=64", arg], cwd=ROOT, env=ENV, capture_output=True, text=True)
-        assert out.returncode != 0 and "different settings" in out.stderr and key in out.stderr
-    ok = subprocess.run(cmd + ["--total_batch_size=64", "--max_iters=2", "--batch_size=1"], cwd=ROOT, env=ENV,
-                        capture_output=True, text=True)  # a longer run, split into smaller micro-steps: allowed
-    assert ok.returncode == 0, ok.stderr
+        err = script_error(monkeypatch, capsys, *args, arg)
+        assert "different settings" in err and key in err
+    # a longer run, split into smaller micro-steps: allowed
+    train(out_dir, dataset, *RUN, "--init_from=resume", "--max_iters=3", "--batch_size=1")
 
 
-def test_bf16_tracks_fp32(tmp_path, dataset):
-    args = ["--max_iters=6", "--eval_interval=6", "--total_batch_size=64"]
-    train(tmp_path / "fp32", dataset, *args, "--dtype=float32")
-    train(tmp_path / "bf16", dataset, *args, "--dtype=bfloat16")
-    fp32, bf16 = losses(tmp_path / "fp32"), losses(tmp_path / "bf16")
-    assert fp32[6] < fp32[1] - 0.05 and bf16[6] < bf16[1] - 0.05
+def test_bf16_tracks_fp32(tmp_path, dataset, runs):
+    train(tmp_path, dataset, "--max_iters=4", *RUN, "--dtype=bfloat16")  # the full run's settings, in bf16
+    fp32, bf16 = losses(runs / "full"), losses(tmp_path)
+    assert fp32[4] < fp32[1] - 0.05 and bf16[4] < bf16[1] - 0.05
     assert all(bf16[s] == pytest.approx(fp32[s], abs=0.03) for s in fp32)
 
 
-def test_literal_default_settings_split_or_explain():
+def test_literal_default_settings_split_or_explain(monkeypatch, capsys):
     # 3072 tokens of 128 = 24 rows: they split over 1, 2, 3, 4, 6, 8 processes; over 5 the error names what would work
-    out = subprocess.run([sys.executable, "-c", "import runpy, sys; sys.argv = ['train.py']; runpy.run_path('train.py')"],
-                         cwd=ROOT, env={**ENV, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "5",
-                                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"},
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode != 0 and "must be a multiple of block_size x processes" in out.stderr
-    assert "the nearest values that work are 2560 and 3200" in out.stderr
+    for k, v in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="5", MASTER_ADDR="127.0.0.1", MASTER_PORT="0").items():
+        monkeypatch.setenv(k, v)
+    err = script_error(monkeypatch, capsys, "train.py")
+    assert "must be a multiple of block_size x processes" in err
+    assert "the nearest values that work are 2560 and 3200" in err
 
 
-def test_resume_on_another_device_type(tmp_path, dataset):
+def test_the_default_settings_take_a_step(tmp_path, dataset):
+    # `python train.py` one step long, on the test corpus and uncompiled (the slow tests compile); every other setting
+    # is the default: the model, the batch and its micro-steps, the optimizer, the dtype, the evaluation
+    out = subprocess.run([sys.executable, "train.py", f"--dataset={dataset}", f"--out_dir={tmp_path}", "--max_iters=1",
+                          "--compile=False"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 process(es) x 2 micro-step(s) x 12 rows x 128 tokens = 3072 tokens per step" in out.stdout
+    model, ckpt = load_checkpoint(tmp_path / "ckpt.pt")
+    assert ckpt["step"] == 1 and ckpt["model_type"] == "crossbert" and ckpt["config"]["vocab_size"] == 8192
+    assert (model.config.n_layer, model.config.n_embd, model.config.block_size) == (2, 128, 128)
+    assert [r["step"] for r in records(tmp_path) if "val_loss" in r] == [0, 1]
+    trained = losses(tmp_path)
+    assert list(trained) == [1] and math.isfinite(trained[1])
+
+
+def test_resume_on_another_device_type(tmp_path, dataset, runs):
     # a checkpoint from a GPU run carries CUDA generator states (16 bytes), which the CPU's generator refuses
-    args = ["--eval_interval=2", "--total_batch_size=64"]
-    train(tmp_path / "full", dataset, "--max_iters=4", *args)
-    train(tmp_path / "cut", dataset, "--max_iters=2", *args)
-    ckpt = torch.load(tmp_path / "cut" / "ckpt.pt", weights_only=True)
+    out_dir = copy_run(runs, "cut", tmp_path)
+    ckpt = torch.load(out_dir / "ckpt.pt", weights_only=True)
     ckpt.update(rng=[torch.zeros(16, dtype=torch.uint8)], rng_device="cuda")
-    torch.save(ckpt, tmp_path / "cut" / "ckpt.pt")
-    out = train(tmp_path / "cut", dataset, "--max_iters=4", "--init_from=resume", *args)
+    torch.save(ckpt, out_dir / "ckpt.pt")
+    out = train(out_dir, dataset, "--max_iters=4", "--init_from=resume", *RUN)
     assert "holds cuda RNG states" in out.stdout and "dropout is 0: nothing changes" in out.stdout
-    full, cut = losses(tmp_path / "full"), losses(tmp_path / "cut")
+    full, cut = losses(runs / "full"), losses(out_dir)
     assert [cut[s] for s in (3, 4)] == [full[s] for s in (3, 4)]  # no dropout: the run is still exact
 
 
-def test_validation_does_not_depend_on_the_micro_batch(tmp_path, dataset):
-    # batch_size only cuts a step into micro-steps: the validation data and losses stay the same
-    args = ["--max_iters=2", "--eval_interval=1", "--total_batch_size=128"]
-    train(tmp_path / "a", dataset, *args, "--batch_size=4", "--dtype=float32")
-    train(tmp_path / "b", dataset, *args, "--batch_size=1", "--dtype=float32")
-    val = {run: [r["val_loss"] for r in records(tmp_path / run) if "val_loss" in r] for run in "ab"}
-    assert len(val["a"]) == 3 and val["a"] == pytest.approx(val["b"], abs=1e-4)
+def test_validation_does_not_depend_on_the_micro_batch(tmp_path, dataset, runs):
+    # batch_size only cuts a step into micro-steps: the validation data and losses stay the same (the full run's
+    # steps are two micro-steps of 2 rows; here one of 4)
+    train(tmp_path, dataset, "--max_iters=4", *RUN, "--batch_size=4")
+    val = {run: [r["val_loss"] for r in records(run) if "val_loss" in r] for run in (runs / "full", tmp_path)}
+    assert len(val[tmp_path]) == 3 and val[tmp_path] == pytest.approx(val[runs / "full"], abs=1e-4)
 
 
-def test_resume_with_another_length_says_so(tmp_path, dataset):
-    args = ["--eval_interval=2", "--total_batch_size=64"]
-    train(tmp_path, dataset, "--max_iters=2", *args)
-    out = train(tmp_path, dataset, "--max_iters=4", "--init_from=resume", *args)
+def test_resume_with_another_length_says_so(tmp_path, dataset, runs):
+    out_dir = copy_run(runs, "cut", tmp_path)
+    out = train(out_dir, dataset, "--max_iters=4", "--init_from=resume", *RUN)
     assert "the run was 2 steps long and is now 4: the cosine schedule follows the new length from step 2" in out.stdout
-    same = train(tmp_path, dataset, "--max_iters=4", "--init_from=resume", *args)
+    same = train(out_dir, dataset, "--max_iters=4", "--init_from=resume", *RUN)
     assert "cosine schedule" not in same.stdout
 
 
-def test_overwrite_removes_the_old_checkpoint_at_once(tmp_path, dataset):
+def test_overwrite_removes_the_old_checkpoint_at_once(tmp_path, dataset, runs):
     # a run that replaces another and dies before its first save must not leave the old checkpoint beside its log
-    train(tmp_path, dataset, "--max_iters=2", "--eval_interval=2", "--total_batch_size=64")
-    cmd = [sys.executable, "train.py", *TINY, f"--dataset={dataset}", f"--out_dir={tmp_path}", "--max_iters=4",
+    out_dir = copy_run(runs, "cut", tmp_path)
+    cmd = [sys.executable, "train.py", *TINY, f"--dataset={dataset}", f"--out_dir={out_dir}", "--max_iters=4",
            "--eval_interval=100", "--total_batch_size=64", "--learning_rate=1e30", "--min_lr=1e30", "--grad_clip=0.0",
            "--overwrite=True"]
     out = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert out.returncode != 0 and "stopping without saving" in out.stderr
-    assert "no checkpoint was written" in out.stderr and not (tmp_path / "ckpt.pt").exists()
+    assert "no checkpoint was written" in out.stderr and not (out_dir / "ckpt.pt").exists()
 
 
 SLOW_PROBE = """
@@ -328,6 +357,7 @@ runpy.run_path("train.py", run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_a_slow_probe_does_not_time_out_the_process_group(tmp_path, dataset):
     script = tmp_path / "slow_probe.py"
     script.write_text(SLOW_PROBE)
@@ -352,6 +382,7 @@ def test_base_configs_share_one_file():
     assert differ == {"model_type", "out_dir", "gen_width"}  # ELECTRA also sets its generator's width
 
 
+@pytest.mark.slow
 def test_same_seed_same_losses_bit_for_bit(tmp_path, dataset):
     # two threads and torch.compile: the setting under which the embedding gradient's atomic adds varied run to run
     args = ["--max_iters=4", "--eval_interval=4", "--total_batch_size=256", "--compile=True", "--dtype=float32",
@@ -403,6 +434,7 @@ def node_cmd(rank, rendezvous, port):
             *where, "train.py"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rendezvous", ["static", "c10d"])
 def test_two_nodes_equal_one_process_and_resume_on_one(tmp_path, dataset, rendezvous):
     args = ["--total_batch_size=256", "--learning_rate=3e-3", "--min_lr=3e-3",
