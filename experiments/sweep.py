@@ -90,7 +90,7 @@ PRESETS = {
         probe_max_train=2000, eval_interval=500, nproc=1,
         seeds=1,                               # seed 0 of every rung first; then --seeds=3 where the verdict is close
         snapshots=6,                           # probes along training at 1/32, 1/16, .., 1/2 of the budget and its end,
-        snapshot_probe_s=40,                   # + per snapshot: the devtasks probed at every layer
+        snapshot_probe_s=30,                   # + per snapshot: the devtasks probed at every layer (2 x 128, 2 cores)
     ),
     "gpu": dict(
         dataset="dclm", block_size=512, vocab_size=0, dtype="",
