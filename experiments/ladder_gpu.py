@@ -29,7 +29,7 @@ from data.tasks import EvalError
 from features import random_twin
 from flops import param_counts
 from model import make_config
-from sweep import PRESETS, read_log, run_settings, size_budget, steps_for, train
+from sweep import PRESETS, read_log, run_settings, size_budget, steps_for, train, trajectory
 
 settings = dict(
     smoke=False,              # tiny rungs, the built-in corpus, a fraction of a token per parameter: checks the path
@@ -89,16 +89,13 @@ def train_rung(s, p, size, budget):
         layers = dict(trained=probe_model(model, s["task_data"], 64, every),
                       twin=probe_model(random_twin(model, r["seed"]), s["task_data"], 64, every))
         scores = {k: v[L] for k, v in layers.items()}
-        trajectory = []  # the probes along training: train.py's snapshots at 1/32 .. 1/2 of the run
-        for name in sorted(os.listdir(os.path.join(run_dir, "snapshots"))):
-            snap, meta = load_checkpoint(os.path.join(run_dir, "snapshots", name), s["device"])
-            trajectory.append(dict(step=meta["step"], flops=meta["flops"], val_loss=meta["val_loss"],
-                                   layers=probe_model(snap, s["task_data"], 64, every)))
+        # the probes along training: train.py's snapshots at 1/32 .. 1/2 of the run
+        along = trajectory(run_dir, s["device"], lambda m: probe_model(m, s["task_data"], 64, every))
         out[fam] = dict(settings=r, train_s=seconds, train_rate=ckpt["flops"] / ckpt["step"] / step_s,  # FLOP/s
                         probe_s=time.time() - t1, flops=ckpt["flops"], tokens=ckpt["tokens"], steps=ckpt["step"],
                         params=model.num_params(),
                         val_loss=vals[-1]["val_loss"], unigram=log[0]["unigram_loss"], layers=layers,
-                        trajectory=trajectory, **scores)
+                        trajectory=along, **scores)
     return out
 
 

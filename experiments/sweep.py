@@ -272,15 +272,14 @@ def evaluate(model, tasks, glue_tasks, glue_dir, sts, max_train, layers=False):
     return (scores, every) if layers else scores
 
 
-def trajectory(run_dir, tasks, glue_dir, max_train, device):
+def trajectory(run_dir, device, probe):
     """The probes along training: for each snapshot train.py kept (snapshots=N), its step, tokens, FLOPs, val loss
-    and the primary tasks' scores at every layer. The end of the run is the run's own record, its start the twin."""
+    and probe(model), its scores by layer. The end of the run is the run's own record, its start the twin."""
     folder, points = os.path.join(run_dir, "snapshots"), []
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
         model, ckpt = load_checkpoint(os.path.join(folder, name), device)
-        layers = by_layer(model, tasks, glue_dir, max_train, list(range(model.config.n_layer + 1)))
         points.append(dict(step=ckpt["step"], tokens=ckpt["tokens"], flops=ckpt["flops"], val_loss=ckpt["val_loss"],
-                           layers={str(k): v for k, v in layers.items()}))
+                           layers=probe(model)))
     return points
 
 
@@ -423,7 +422,9 @@ def main(argv):
                      unigram_loss=next(x["unigram_loss"] for x in log if "unigram_loss" in x), log=vals)
             r.update(layered(model))
             if along:
-                r["trajectory"] = trajectory(run_dir, tasks, s["glue_dir"], p["probe_max_train"], s["device"])
+                every = list(range(model.config.n_layer + 1))
+                r["trajectory"] = trajectory(run_dir, s["device"], lambda m: {str(k): v for k, v in by_layer(
+                    m, tasks, s["glue_dir"], p["probe_max_train"], every).items()})
             r.update(train_s=round(t1 - t0, 1), probe_s=round(time.time() - t1, 1))
             record(r)
             print(f"sweep: {name}: val loss {r['val_loss']:.3f} (unigram {r['unigram_loss']:.3f}), "
