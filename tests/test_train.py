@@ -345,11 +345,16 @@ def test_overwrite_removes_the_old_checkpoint_at_once(tmp_path, dataset, runs):
 SLOW_PROBE = """
 import datetime, runpy, sys, time
 import torch.distributed as dist
-import probe
+import flops, probe
+# a short timeout for the default group, and no peak measurement: the processes' own matmuls can end seconds apart on
+# a busy machine, and the first collective after them would time out before any probe ran
 init = dist.init_process_group
-dist.init_process_group = lambda *a, **k: init(*a, **{**k, "timeout": datetime.timedelta(seconds=3)})
-def slow(*args, **kwargs):  # a probe that outlasts the process group's timeout
-    time.sleep(8)
+dist.init_process_group = lambda *a, **k: init(*a, **{**k, "timeout": datetime.timedelta(seconds=10)})
+flops.peak_flops = lambda *args, **kwargs: 1e15
+calls = []
+def slow(*args, **kwargs):  # the first probe outlasts the default group's timeout
+    time.sleep(15 if not calls else 0)
+    calls.append(1)
     return {"SST-2/linear": 50.0}
 probe.probe_tasks = slow
 sys.argv = ["train.py", *sys.argv[1:]]
@@ -367,7 +372,7 @@ def test_a_slow_probe_does_not_time_out_the_process_group(tmp_path, dataset):
     out = subprocess.run(cmd, cwd=ROOT, env={**ENV, "PYTHONPATH": ROOT}, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     probed = [r["probe"] for r in records(tmp_path / "out") if "probe" in r]
-    assert probed == [{"SST-2/linear": 50.0}] * 3  # steps 0, 1 and 2, the other process waiting each time
+    assert probed == [{"SST-2/linear": 50.0}] * 3  # steps 0 (15 s, the other process waiting), 1 and 2
 
 
 def test_base_configs_share_one_file():
