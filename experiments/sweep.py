@@ -404,6 +404,7 @@ def main(argv):
         got = score(model)
         return dict(scores=got[0], layers={str(k): v for k, v in got[1].items()}) if along else dict(scores=got)
 
+    unmade = set()  # twins no run's checkpoint here could make yet
     for name, axis, rs in runs:
         run_dir = os.path.join(out_dir, name)
         seed, shape = rs.get("seed", 1337) - 1337, f"{rs['n_layer']}x{rs['n_embd']}"
@@ -437,6 +438,11 @@ def main(argv):
             if twin in done:
                 continue
             if model is None:
+                if not os.path.exists(os.path.join(run_dir, "ckpt.pt")):
+                    # the run is on record from a copied results.jsonl; a twin needs only the shape and the vocabulary
+                    # map, so a later run of its family and shape with a checkpoint here (one this call trains) makes it
+                    unmade.add(twin)
+                    continue
                 model, _ = load_checkpoint(os.path.join(run_dir, "ckpt.pt"), s["device"])
             r = dict(name=twin, cell=f"random-{rs['model_type']}-{shape}", seed=k, shape=shape, axis="random",
                      model_type=rs["model_type"], settings=rs, params=model.num_params(), flops=0, tokens=0, steps=0,
@@ -444,6 +450,10 @@ def main(argv):
             record(r)
             print(f"sweep: {twin}: linear {r['scores']['linear_avg']:.1f}, kNN {r['scores']['knn_avg']:.1f}", flush=True)
 
+    if unmade - done:
+        print(f"sweep: {', '.join(sorted(unmade - done))} not made: no run of that family and shape has a checkpoint "
+              f"in {out_dir} (they are on record from elsewhere); train one here, or run the sweep in their folder",
+              file=sys.stderr)
     write_markdown(results, out_dir)
     if len(results) == on_record:  # nothing finished in this call (a finished sweep run again): plot what is on record
         written = plots(results, out_dir)

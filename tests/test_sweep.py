@@ -3,6 +3,7 @@ intervals and trends."""
 import importlib.util
 import json
 import os
+import shutil
 import warnings
 
 import numpy as np
@@ -292,6 +293,36 @@ def test_ladder_probes_along_training_and_across_layers(tmp_path, monkeypatch):
     # the snapshots are checkpoints probe.py reads, each at its step
     snap = out / "bert-2x32" / "snapshots" / f"step{points[0]['step']:06d}.pt"
     assert sweep.load_checkpoint(snap, "cpu")[1]["step"] == points[0]["step"]
+
+
+def test_a_folder_seeded_with_records_makes_new_twins_from_the_runs_it_trains(tmp_path, monkeypatch, capsys):
+    """Runs on record from another folder (results.jsonl copied in, no checkpoints) are skipped, and the twin a new
+    seed needs is made from the run this call trains; one no run here can make is named, and nothing stops."""
+    data = tmp_path / "data"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for split, n in [("train", 20_000), ("val", 4_000)]:
+        rng.integers(0, 100, n, dtype=np.uint16).tofile(data / f"{split}.bin")
+    tasks = tiny_tasks(tmp_path)
+    tiny = dict(sweep.PRESETS["ladder"], dataset=str(data), block_size=32, vocab_size=128, sizes=[(1, 32, 2)],
+                flops=[2e9], anchor=(2e9, 1e-3, 128), eval_interval=1000, probe_max_train=0, snapshots=0)
+    monkeypatch.setitem(sweep.PRESETS, "tiny", tiny)
+    monkeypatch.chdir(ROOT)
+    argv = ["--preset=tiny", f"--tasks={tasks}", "--glue_dir=", "--glue_tasks=", "--sts=", "--compile=False",
+            "--device=cpu", "--families=bert"]
+    first, second, third = (tmp_path / d for d in ("a", "b", "c"))
+    sweep.main([*argv, f"--out_dir={first}", "--seeds=1", "--random_seeds=1"])
+    for folder in (second, third):
+        folder.mkdir()
+        shutil.copy(first / "results.jsonl", folder / "results.jsonl")
+    sweep.main([*argv, f"--out_dir={second}", "--seeds=2", "--random_seeds=1"])
+    names = [json.loads(x)["name"] for x in open(second / "results.jsonl")]
+    assert names == ["bert-1x32", "random-bert-1x32", "bert-1x32-s1", "random-bert-1x32-s1"]
+    assert not (second / "bert-1x32").exists()  # seed 0 was not trained again
+    capsys.readouterr()
+    sweep.main([*argv, f"--out_dir={third}", "--seeds=1", "--random_seeds=2"])  # a twin, and no run here to make it from
+    assert "random-bert-1x32-s1 not made" in capsys.readouterr().err
+    assert [json.loads(x)["name"] for x in open(third / "results.jsonl")] == names[:2]
 
 
 def test_layer_and_trajectory_tables():
