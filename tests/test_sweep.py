@@ -259,20 +259,25 @@ def test_a_barely_rising_trend_extrapolates_without_overflow():
     assert "| bert | linear | not reached | +0.04 [+0.04, +0.04] | 2^2500 [2^" in md
 
 
-@pytest.mark.slow
-def test_ladder_probes_along_training_and_across_layers(tmp_path, monkeypatch):
-    """A preset with snapshots keeps the weights at log-spaced points; each is probed at every layer with its val
-    loss, and the run and its twin are probed at every layer, the last layer's scores being the run's scores."""
+def tiny_ladder(tmp_path, monkeypatch, **changes):
+    """The ladder preset as "tiny": random tokens, block 32, a vocabulary of 128, one rung given by `changes`; run
+    from the repository's root. Returns the probes' task folder."""
     data = tmp_path / "data"
     data.mkdir()
     rng = np.random.default_rng(0)
     for split, n in [("train", 20_000), ("val", 4_000)]:
         rng.integers(0, 100, n, dtype=np.uint16).tofile(data / f"{split}.bin")
-    tasks = tiny_tasks(tmp_path)
-    tiny = dict(sweep.PRESETS["ladder"], dataset=str(data), block_size=32, vocab_size=128, sizes=[(2, 32, 2)],
-                flops=[4e9], anchor=(4e9, 1e-3, 128), eval_interval=1000, probe_max_train=0, snapshots=4)
-    monkeypatch.setitem(sweep.PRESETS, "tiny", tiny)
+    monkeypatch.setitem(sweep.PRESETS, "tiny", dict(sweep.PRESETS["ladder"], dataset=str(data), block_size=32,
+                                                    vocab_size=128, eval_interval=1000, probe_max_train=0, **changes))
     monkeypatch.chdir(ROOT)
+    return tiny_tasks(tmp_path)
+
+
+@pytest.mark.slow
+def test_ladder_probes_along_training_and_across_layers(tmp_path, monkeypatch):
+    """A preset with snapshots keeps the weights at log-spaced points; each is probed at every layer with its val
+    loss, and the run and its twin are probed at every layer, the last layer's scores being the run's scores."""
+    tasks = tiny_ladder(tmp_path, monkeypatch, sizes=[(2, 32, 2)], flops=[4e9], anchor=(4e9, 1e-3, 128), snapshots=4)
     out = tmp_path / "sw"
     sweep.main(["--preset=tiny", f"--out_dir={out}", f"--tasks={tasks}", "--glue_dir=", "--glue_tasks=", "--sts=",
                 "--compile=False", "--random_seeds=1", "--device=cpu", "--families=bert"])
@@ -295,19 +300,11 @@ def test_ladder_probes_along_training_and_across_layers(tmp_path, monkeypatch):
     assert sweep.load_checkpoint(snap, "cpu")[1]["step"] == points[0]["step"]
 
 
+@pytest.mark.slow
 def test_a_folder_seeded_with_records_makes_new_twins_from_the_runs_it_trains(tmp_path, monkeypatch, capsys):
     """Runs on record from another folder (results.jsonl copied in, no checkpoints) are skipped, and the twin a new
     seed needs is made from the run this call trains; one no run here can make is named, and nothing stops."""
-    data = tmp_path / "data"
-    data.mkdir()
-    rng = np.random.default_rng(0)
-    for split, n in [("train", 20_000), ("val", 4_000)]:
-        rng.integers(0, 100, n, dtype=np.uint16).tofile(data / f"{split}.bin")
-    tasks = tiny_tasks(tmp_path)
-    tiny = dict(sweep.PRESETS["ladder"], dataset=str(data), block_size=32, vocab_size=128, sizes=[(1, 32, 2)],
-                flops=[2e9], anchor=(2e9, 1e-3, 128), eval_interval=1000, probe_max_train=0, snapshots=0)
-    monkeypatch.setitem(sweep.PRESETS, "tiny", tiny)
-    monkeypatch.chdir(ROOT)
+    tasks = tiny_ladder(tmp_path, monkeypatch, sizes=[(1, 32, 2)], flops=[2e9], anchor=(2e9, 1e-3, 128), snapshots=0)
     argv = ["--preset=tiny", f"--tasks={tasks}", "--glue_dir=", "--glue_tasks=", "--sts=", "--compile=False",
             "--device=cpu", "--families=bert"]
     first, second, third = (tmp_path / d for d in ("a", "b", "c"))
