@@ -12,6 +12,10 @@ from model import MODELS, make_config
 from stats import fmt, trend, verdict
 
 
+PROBES = (("linear_avg", "linear"), ("knn_avg", "kNN"))
+COMPARISONS = (("crossbert", "bert"), ("electra", "bert"), ("crossbert", "electra"))  # family − baseline
+
+
 def seed_of(r):
     return r.get("seed", 0)
 
@@ -98,7 +102,7 @@ def summarize(results):
     for r in main:
         budgets.setdefault((r["settings"]["max_flops"], shape_of(r)), {}).setdefault(r["model_type"], {})[seed_of(r)] = r
     for (budget, shp), fams in sorted(budgets.items()):
-        for fam, ref in (("crossbert", "bert"), ("electra", "bert"), ("crossbert", "electra")):
+        for fam, ref in COMPARISONS:
             common = sorted(set(fams.get(fam, ())) & set(fams.get(ref, ())))
             if not common:
                 continue
@@ -106,10 +110,22 @@ def summarize(results):
                      for key in ("linear_avg", "knn_avg")}
             lines.append(f"| {budget:.2e} | {shp} | {fam} − {ref} | {len(common)} | {fmt(diffs['linear_avg'], True)} | "
                          f"{fmt(diffs['knn_avg'], True)} | {verdict(diffs['linear_avg'])} / {verdict(diffs['knn_avg'])} |")
+    # whether a family's lead grows with compute (the paper's claim) or shrinks: the same differences across budgets
+    trends = []
+    for fam, ref in COMPARISONS:
+        for key, probe in PROBES:
+            points = [(budget, fams[fam][k]["scores"][key] - fams[ref][k]["scores"][key])
+                      for (budget, _), fams in budgets.items() for k in set(fams.get(fam, ())) & set(fams.get(ref, ()))]
+            fit = trend(points)
+            if fit:
+                slope, hw = fit[:2]
+                trends.append(f"| {fam} − {ref} | {probe} | {len(points)} | {slope:+.2f} [{slope - hw:+.2f}, "
+                              f"{slope + hw:+.2f}] |")
+    if trends:
+        lines += ["", "Each difference against training FLOPs across the budgets: the least-squares trend against log2 "
+                  "FLOPs (every seed pair a point) in points per doubling, [95% interval].", "",
+                  "| comparison | probe | pairs | trend per doubling |", "|" + "---|" * 4, *trends]
     return "\n".join(lines) + "\n"
-
-
-PROBES = (("linear_avg", "linear"), ("knn_avg", "kNN"))
 
 
 def cells_of(results, key):

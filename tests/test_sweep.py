@@ -217,6 +217,20 @@ def test_summary_aggregates_seeds_and_pairs_them():
     vs = next(line for line in md.splitlines() if "crossbert − electra" in line)
     assert "| 2 | +1.5 [-4.9, +7.9] | -2.5 [-8.9, +3.9] | not distinguishable / not distinguishable |" in vs
     assert "| electra − bert | 2 |" in md and "electra − crossbert" not in md
+    assert "| comparison | probe | pairs |" not in md  # one budget: no trend across budgets
+
+
+def test_family_differences_get_a_trend_across_budgets():
+    # CrossBERT leads BERT by 2 points at 1e14 FLOPs and by 1 at 4e14 (two doublings), at both seeds: -0.5 a doubling
+    def run(fam, seed, flops, lin):
+        return dict(name=f"{fam}-{flops:.0e}-s{seed}", axis="main", cell=f"{fam}-{flops:.0e}", seed=seed,
+                    shape="4x256", model_type=fam, settings=dict(max_flops=flops), flops=flops, val_loss=5.0,
+                    unigram_loss=6.0, scores=dict(linear_avg=lin, knn_avg=50.0))
+    results = [run("bert", k, f, 60.0 + k) for k in range(2) for f in (1e14, 4e14)]
+    results += [run("crossbert", k, f, 60.0 + k + (2 if f == 1e14 else 1)) for k in range(2) for f in (1e14, 4e14)]
+    md = report.summarize(results)
+    assert "| crossbert − bert | linear | 4 | -0.50 [-0.50, -0.50] |" in md
+    assert "| crossbert − bert | kNN | 4 | +0.00 [+0.00, +0.00] |" in md and "electra − bert | linear" not in md
 
 
 def test_crossing_is_the_first_budget_above_the_twins_or_the_trend_extrapolated():
