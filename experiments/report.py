@@ -101,6 +101,7 @@ def summarize(results):
     budgets = {}
     for r in main:
         budgets.setdefault((r["settings"]["max_flops"], shape_of(r)), {}).setdefault(r["model_type"], {})[seed_of(r)] = r
+    points = {}  # (family, baseline, probe key) -> [(budget, difference)], every seed pair of every budget
     for (budget, shp), fams in sorted(budgets.items()):
         for fam, ref in COMPARISONS:
             common = sorted(set(fams.get(fam, ())) & set(fams.get(ref, ())))
@@ -110,16 +111,17 @@ def summarize(results):
                      for key in ("linear_avg", "knn_avg")}
             lines.append(f"| {budget:.2e} | {shp} | {fam} − {ref} | {len(common)} | {fmt(diffs['linear_avg'], True)} | "
                          f"{fmt(diffs['knn_avg'], True)} | {verdict(diffs['linear_avg'])} / {verdict(diffs['knn_avg'])} |")
+            for key, d in diffs.items():
+                points.setdefault((fam, ref, key), []).extend((budget, x) for x in d)
     # whether a family's lead grows with compute (the paper's claim) or shrinks: the same differences across budgets
     trends = []
     for fam, ref in COMPARISONS:
         for key, probe in PROBES:
-            points = [(budget, fams[fam][k]["scores"][key] - fams[ref][k]["scores"][key])
-                      for (budget, _), fams in budgets.items() for k in set(fams.get(fam, ())) & set(fams.get(ref, ()))]
-            fit = trend(points)
+            pairs = points.get((fam, ref, key), [])
+            fit = trend(pairs)
             if fit:
                 slope, hw = fit[:2]
-                trends.append(f"| {fam} − {ref} | {probe} | {len(points)} | {slope:+.2f} [{slope - hw:+.2f}, "
+                trends.append(f"| {fam} − {ref} | {probe} | {len(pairs)} | {slope:+.2f} [{slope - hw:+.2f}, "
                               f"{slope + hw:+.2f}] |")
     if trends:
         lines += ["", "Each difference against training FLOPs across the budgets: the least-squares trend against log2 "
