@@ -438,12 +438,13 @@ def main(argv):
             if twin in done:
                 continue
             if model is None:
-                if not os.path.exists(os.path.join(run_dir, "ckpt.pt")):
+                ckpt_path = os.path.join(run_dir, "ckpt.pt")
+                if not os.path.exists(ckpt_path):
                     # the run is on record from a copied results.jsonl; a twin needs only the shape and the vocabulary
                     # map, so a later run of its family and shape with a checkpoint here (one this call trains) makes it
                     unmade.add(twin)
                     continue
-                model, _ = load_checkpoint(os.path.join(run_dir, "ckpt.pt"), s["device"])
+                model, _ = load_checkpoint(ckpt_path, s["device"])
             r = dict(name=twin, cell=f"random-{rs['model_type']}-{shape}", seed=k, shape=shape, axis="random",
                      model_type=rs["model_type"], settings=rs, params=model.num_params(), flops=0, tokens=0, steps=0,
                      val_loss=None, unigram_loss=None, log=[], **layered(random_twin(model, 1337 + k)))
