@@ -23,7 +23,9 @@ from contextlib import nullcontext
 
 import torch
 
-from configurator import at_least, check_device, configure, fail, user_errors
+from configurator import configure
+
+from errors import at_least, check_device, fail, user_errors
 from flops import checked_peak, fastest_dtype, flops_per_position, peak_flops, peak_from_table, training_flops
 from model import MODELS, make_config
 

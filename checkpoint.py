@@ -14,14 +14,16 @@ checkpoint; start_log() opens its log.
 import json
 import os
 import signal
+import socket
 import threading
+import time
 from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
 
-from configurator import at_least, check_device, check_writable, fail
-from data.tasks import GLUE, EvalError, load_task
+from errors import UserError, at_least, check_device, check_writable
+from data.tasks import GLUE, load_task
 from model import MODELS, ModelConfig, make_config
 
 # settings a resumed run may change; any other difference would break "resume continues exactly"
@@ -60,24 +62,24 @@ def save_checkpoint(path, ckpt):
 
 def read_checkpoint(path, device="cpu"):
     """The checkpoint dict at path, checked: a missing, empty, truncated or foreign file, or non-finite weights,
-    is a ValueError that names the problem and the fix."""
+    is a UserError that names the problem and the fix."""
     if not os.path.isfile(path):
-        raise ValueError(f"{path}: no such checkpoint; train one with `python train.py` or check the path")
+        raise UserError(f"{path}: no such checkpoint; train one with `python train.py` or check the path")
     if os.path.getsize(path) == 0:
-        raise ValueError(f"{path} is empty (0 bytes): a copy or a disk went wrong; restore it or train again")
+        raise UserError(f"{path} is empty (0 bytes): a copy or a disk went wrong; restore it or train again")
     try:
         ckpt = torch.load(path, map_location=device, weights_only=True)
     except Exception as e:
-        raise ValueError(f"{path} is truncated or not a checkpoint written by train.py ({type(e).__name__}); "
-                         "pass the ckpt.pt from a training run's out_dir") from None
+        raise UserError(f"{path} is truncated or not a checkpoint written by train.py ({type(e).__name__}); "
+                        "pass the ckpt.pt from a training run's out_dir") from None
     if not isinstance(ckpt, dict) or not {"model", "model_type", "model_args"} <= ckpt.keys():
-        raise ValueError(f"{path} is not a checkpoint written by train.py (no model/model_type/model_args); "
-                         "pass the ckpt.pt from a training run's out_dir")
+        raise UserError(f"{path} is not a checkpoint written by train.py (no model/model_type/model_args); "
+                        "pass the ckpt.pt from a training run's out_dir")
     ckpt["model_args"] = {**BLOCK_BEFORE, **ckpt["model_args"]}
     bad = [k for k, v in ckpt["model"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
     if bad:
-        raise ValueError(f"{path} holds non-finite weights ({', '.join(bad[:3])}): it is corrupted or its run "
-                         "diverged; restore it or resume from an earlier checkpoint")
+        raise UserError(f"{path} holds non-finite weights ({', '.join(bad[:3])}): it is corrupted or its run "
+                        "diverged; restore it or resume from an earlier checkpoint")
     return ckpt
 
 
@@ -96,59 +98,78 @@ def load_checkpoint(path, device="cpu"):
 
 def check_run(s, world_size):
     """(ModelConfig, the checkpoint to resume or None) of train.py's settings s on world_size processes, once every
-    setting has been checked, before anything is built or written: a bad one ends in one line (fail) that names it
-    and the fix. The checkpoint is read to the CPU, and only if the run continues it exactly (RESUMABLE)."""
+    setting has been checked, before anything is built or written: a bad one is a UserError that names it and the
+    fix. The checkpoint is read to the CPU, and only if the run continues it exactly (RESUMABLE)."""
     at_least(s, 1, ("batch_size", "total_batch_size", "max_iters", "eval_interval", "eval_iters", "log_interval"))
     at_least(s, 0, ("warmup_iters", "max_flops", "grad_clip", "weight_decay", "min_lr", "probe_interval", "dropout",
                     "rtd_weight", "join_timeout", "snapshots"))
     if not (s["learning_rate"] > 0 and 0 <= s["beta1"] < 1 and 0 <= s["beta2"] < 1 and s["dropout"] < 1):
-        fail("learning_rate must be > 0, and beta1, beta2 and dropout in [0, 1)")
+        raise UserError("learning_rate must be > 0, and beta1, beta2 and dropout in [0, 1)")
     check_device(s["device"], s["dtype"])
     if s["init_from"] not in ("scratch", "resume"):
-        fail(f"init_from={s['init_from']!r}: expected scratch or resume")
+        raise UserError(f"init_from={s['init_from']!r}: expected scratch or resume")
     if s["fsdp"] and world_size == 1:
-        fail("fsdp=True shards over processes: launch with torchrun --nproc_per_node=N (N > 1), or drop fsdp")
+        raise UserError("fsdp=True shards over processes: launch with torchrun --nproc_per_node=N (N > 1), or drop fsdp")
     total, quantum = s["total_batch_size"], s["block_size"] * world_size  # a step's rows split evenly over processes
     if total % quantum or total < quantum:
         lo = max(quantum, total // quantum * quantum)
-        fail(f"total_batch_size={total} must be a multiple of block_size x processes = {s['block_size']} x "
-             f"{world_size} = {quantum}; the nearest values that work are {lo} and {lo + quantum}")
+        raise UserError(f"total_batch_size={total} must be a multiple of block_size x processes = {s['block_size']} x "
+                        f"{world_size} = {quantum}; the nearest values that work are {lo} and {lo + quantum}")
     try:  # local probe tasks are read now, so a bad one stops the run before it starts (the hub's: at step 0)
         for task in s["probe_tasks"].split(",") if s["probe_interval"] else ():
             if s["probe_glue_dir"] or task.upper() not in map(str.upper, GLUE):
                 load_task(task, s["probe_glue_dir"] or None, s["probe_max_train"])
-    except EvalError as e:
-        fail(f"probe_tasks: {e}")
+    except UserError as e:
+        raise UserError(f"probe_tasks: {e}") from None
     try:  # the model's shape, masking and vocabulary, checked by ModelConfig (with the model's defaults filled in)
         config = make_config(s)
     except ValueError as e:
-        fail(str(e))
+        raise UserError(str(e)) from None
     check_writable(s["out_dir"], "out_dir")
     path = os.path.join(s["out_dir"], "ckpt.pt")
     if s["init_from"] == "scratch":
         if os.path.exists(path) and not s["overwrite"]:
-            fail(f"{s['out_dir']} already holds a checkpoint ({path}); resume it with --init_from=resume, pick "
-                 "another --out_dir, or pass --overwrite=True to replace it")
+            raise UserError(f"{s['out_dir']} already holds a checkpoint ({path}); resume it with --init_from=resume, pick "
+                            "another --out_dir, or pass --overwrite=True to replace it")
         return config, None
     if not os.path.exists(path):
-        fail(f"init_from=resume: no checkpoint at {path}; check out_dir or start with init_from=scratch")
+        raise UserError(f"init_from=resume: no checkpoint at {path}; check out_dir or start with init_from=scratch")
     try:
         ckpt = read_checkpoint(path)
     except ValueError as e:
-        fail(f"{e} (or start over: --init_from=scratch --overwrite=True)")
+        raise UserError(f"{e} (or start over: --init_from=scratch --overwrite=True)") from None
     if ckpt["model_type"] != s["model_type"]:
-        fail(f"{path} holds a {ckpt['model_type']} model but model_type={s['model_type']}; "
-             f"pass --model_type={ckpt['model_type']} or use another out_dir")
+        raise UserError(f"{path} holds a {ckpt['model_type']} model but model_type={s['model_type']}; "
+                        f"pass --model_type={ckpt['model_type']} or use another out_dir")
     now = asdict(config)
     diff = {k: (v, now.get(k)) for k, v in ckpt["model_args"].items() if now.get(k) != v}
     if diff:
-        fail(f"{path} was trained with a different model config (checkpoint vs now): {diff}; "
-             "pass the checkpoint's settings or use another out_dir")
+        raise UserError(f"{path} was trained with a different model config (checkpoint vs now): {diff}; "
+                        "pass the checkpoint's settings or use another out_dir")
     diff = {k: (v, s.get(k)) for k, v in ckpt["config"].items() if k not in RESUMABLE and s.get(k) != v}
     if diff:
-        fail(f"{path} was trained with different settings (checkpoint vs now): {diff}; a resumed run "
-             "continues exactly only with the same ones: pass them, or use another out_dir")
+        raise UserError(f"{path} was trained with different settings (checkpoint vs now): {diff}; a resumed run "
+                        "continues exactly only with the same ones: pass them, or use another out_dir")
     return config, ckpt
+
+
+def reach_master(seconds):
+    """A process of a multi-process run launched with MASTER_ADDR and MASTER_PORT (torchrun's workers, or a
+    scheduler's): wait until the master's address answers, for at most `seconds` (the master may start later), then
+    raise a UserError that names the address and the fix, rather than block in init_process_group for 30 minutes."""
+    addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection((addr, port), timeout=5).close()
+            return
+        except OSError as e:
+            if time.monotonic() > deadline:
+                raise UserError(f"rank {os.environ.get('RANK')} cannot reach the master at {addr}:{port} after "
+                                f"{seconds:g}s ({e.strerror or e}); start node rank 0 too, check --master_addr and "
+                                "--master_port, and that the port is open between the nodes (join_timeout sets the "
+                                "wait)") from None
+            time.sleep(1)
 
 
 def full_state_options():

@@ -8,147 +8,15 @@ A path runs a config file (python assignments); --key=value sets one key, the va
 read as a Python literal (a bare word stays a string); a bare --flag sets a boolean to True. Keys and types are checked
 against the script's defaults (a default of None takes any value), so a typo is an error, not a silently ignored option.
 
-It also holds the rule every script ends bad input with: one line, `<script>: error: <what and how to fix>`, exit
-status 2 (fail). Errors the world causes, a path that cannot be read or written and text that is not UTF-8, end
-there too: each script runs its work in user_errors() (train.py, which runs at module level, installs
-user_errors_hook()), and checks where it will write (check_writable) before it starts.
+Bad input here ends as everywhere (errors.py): one line, `<script>: error: <what and how to fix>`, exit status 2.
 """
 import ast
-import errno
-import os
-import socket
 import sys
-import time
 import tokenize
 import traceback
-from contextlib import contextmanager
 from pathlib import Path
 
-
-def fail(message, script=None):
-    """Bad input ends in one line, `<script>: error: <what and how to fix>`, and exit status 2: no traceback."""
-    print(f"{script or os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
-    sys.exit(2)
-
-
-# what the user can do about an OSError, by its errno
-FIXES = {errno.ENOENT: "check the path", errno.ENOTDIR: "a part of the path is a file, not a folder: pick another path",
-         errno.EISDIR: "it is a folder: pass a file", errno.EEXIST: "remove it or pick another path",
-         errno.EACCES: "pick a path you may read and write, or change its permissions",
-         errno.EROFS: "pick a path you may write", errno.ENOSPC: "free some space, or write somewhere else"}
-# the errors a user can cause from outside a script: a program error is none of these and keeps its traceback
-WORLD_ERRORS = (OSError, UnicodeDecodeError)
-
-
-def not_utf8(path, e, line=None):
-    """The message for a file that is not UTF-8 text: the file, the line and column of its first bad byte, the fix.
-
-    e: the UnicodeDecodeError of decoding the whole file, or of one line of it (then pass that line's number).
-    """
-    column = e.start - e.object.rfind(b"\n", 0, e.start)
-    line = line or e.object.count(b"\n", 0, e.start) + 1
-    return (f"{path}:{line}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at column {column}); save the file "
-            "as UTF-8")
-
-
-def world_error(e):
-    """The one-line message for a WORLD_ERRORS exception: the path, what is wrong with it and the fix."""
-    if isinstance(e, UnicodeDecodeError):  # the readers of text files name the file (not_utf8); this is the fallback
-        return f"a file is not UTF-8 text ({e.reason}, byte 0x{e.object[e.start]:02x}); save it as UTF-8"
-    if e.errno is None:  # raised with a message of its own (e.g. data.corpus's), which names the fix
-        return str(e)
-    fix = FIXES.get(e.errno, "check the path")
-    path = e.filename if e.filename2 is None else f"{e.filename} -> {e.filename2}"
-    return f"{path}: {e.strerror or e}; {fix}" if path is not None else f"{e.strerror or e}; {fix}"
-
-
-@contextmanager
-def user_errors(script, *more):
-    """Run a script's work so that every error a user can cause ends in fail(): the world's (WORLD_ERRORS) and the
-    script's own exception types `more`, whose messages already name the fix (e.g. data.tasks.EvalError)."""
-    try:
-        yield
-    except WORLD_ERRORS as e:
-        fail(world_error(e), script)
-    except more as e:
-        fail(str(e), script)
-
-
-def user_errors_hook(script, *more):
-    """user_errors() for a script that runs at module level: a sys.excepthook, so that it holds wherever the error
-    is raised. Other exceptions go on to the hook that was there before."""
-    previous = sys.excepthook
-
-    def hook(kind, value, tb):  # fail()'s SystemExit, raised in the hook, ends the process with status 2
-        if issubclass(kind, WORLD_ERRORS):
-            fail(world_error(value), script)
-        if issubclass(kind, more):
-            fail(str(value), script)
-        previous(kind, value, tb)
-    sys.excepthook = hook
-
-
-def interrupt_hook(script, where):
-    """Ctrl-C ends in one line, `<script>: <where()>` (what was saved, and how to go on), with no traceback. Other
-    exceptions go on to the hook that was there before."""
-    previous = sys.excepthook
-
-    def hook(kind, value, tb):
-        if not issubclass(kind, KeyboardInterrupt):
-            return previous(kind, value, tb)
-        print(f"{script}: {where()}", file=sys.stderr)
-    sys.excepthook = hook
-
-
-def at_least(settings, minimum, names, note=""):
-    """fail() unless each of the settings `names` is at least `minimum` (note: what such a value means, if special)."""
-    for name in names:
-        if settings[name] < minimum:
-            fail(f"--{name}={settings[name]}: must be at least {minimum}{note}")
-
-
-def reach_master(seconds, script="train.py"):
-    """A process of a multi-process run launched with MASTER_ADDR and MASTER_PORT (torchrun's workers, or a
-    scheduler's): wait until the master's address answers, for at most `seconds` (the master may start later), then
-    end in one line that names the address and the fix, rather than block in init_process_group for 30 minutes."""
-    addr, port = os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            socket.create_connection((addr, port), timeout=5).close()
-            return
-        except OSError as e:
-            if time.monotonic() > deadline:
-                fail(f"rank {os.environ.get('RANK')} cannot reach the master at {addr}:{port} after {seconds:g}s "
-                     f"({e.strerror or e}); start node rank 0 too, check --master_addr and --master_port, and that the "
-                     "port is open between the nodes (join_timeout sets the wait)", script)
-            time.sleep(1)
-
-
-def check_device(device, dtype):
-    """fail() unless this machine has `device` (cpu, cuda or cuda:N) and `dtype` is float32 or bfloat16."""
-    if dtype not in ("float32", "bfloat16"):
-        fail(f"--dtype={dtype!r}: expected float32 or bfloat16")
-    if not device.startswith(("cpu", "cuda")):
-        fail(f"--device={device!r}: expected cpu or cuda[:N]")
-    import torch  # loaded already by every script that has a device
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        fail(f"--device={device!r}, but this machine has no CUDA device (or torch is a CPU build); use --device=cpu")
-
-
-def check_writable(path, setting, folder=True, script=None):
-    """Fail now, before any work, unless the run can write `path`: a folder it creates or fills (folder=True), or a
-    file. The nearest part of the path that exists must be a folder the user may write in."""
-    if os.path.isdir(path) != folder and os.path.exists(path):
-        fail(f"{setting}={path} is {'a file' if folder else 'a folder'}, not {'a folder' if folder else 'a file'}; "
-             f"pick another {setting}", script)
-    parent = os.path.abspath(path if folder else os.path.dirname(os.path.abspath(path)))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        fail(f"{setting}={path}: {parent} is a file, not a folder; pick another {setting}", script)
-    if not os.access(parent, os.W_OK):
-        fail(f"{setting}={path}: no permission to write in {parent}; pick another {setting}", script)
+from errors import fail, not_utf8
 
 
 def run_config(path, arg):

@@ -48,9 +48,9 @@ import torch
 import torch.nn.functional as F
 
 from checkpoint import save_checkpoint
-from configurator import check_writable, fail, user_errors
+from errors import UserError, check_writable, fail, user_errors
 from data.pairs import pair_stream
-from data.tasks import EvalError, read_beir, read_jsonl, read_sts, utf8_lines
+from data.tasks import read_beir, read_jsonl, read_sts, utf8_lines
 from features import add_model_args, embed_texts, load_model, mean_pool, pad
 from poolers import POOLERS
 from probe import spearman
@@ -65,22 +65,22 @@ def save_pooler(path, pooler, kind, n_embd, n_head, ckpt):
 
 
 def load_pooler(path):
-    """(pooler on the CPU, the saved dict) of a --save_pooler file; a missing or foreign file is an EvalError."""
+    """(pooler on the CPU, the saved dict) of a --save_pooler file; a missing or foreign file is an UserError."""
     if not os.path.isfile(path):
-        raise EvalError(f"--load_pooler={path}: no such file; train and keep one with --pairs=... --save_pooler=PATH")
+        raise UserError(f"--load_pooler={path}: no such file; train and keep one with --pairs=... --save_pooler=PATH")
     fix = "pass a file written by embed.py --save_pooler"
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise EvalError(f"{path} is truncated or not a saved pooler ({type(e).__name__}); {fix}") from None
+        raise UserError(f"{path} is truncated or not a saved pooler ({type(e).__name__}); {fix}") from None
     if not isinstance(saved, dict) or not {"pooler", "kind", "n_embd", "n_head", "ckpt"} <= saved.keys() \
             or saved["kind"] not in POOLERS:
-        raise EvalError(f"{path} is not a saved pooler (no pooler/kind/n_embd/n_head/ckpt); {fix}")
+        raise UserError(f"{path} is not a saved pooler (no pooler/kind/n_embd/n_head/ckpt); {fix}")
     pooler = POOLERS[saved["kind"]](saved["n_embd"], saved["n_head"])
     try:
         pooler.load_state_dict(saved["pooler"])
     except RuntimeError:
-        raise EvalError(f"{path}: its weights do not fit a {saved['kind']} pooler of {saved['n_embd']} dims; "
+        raise UserError(f"{path}: its weights do not fit a {saved['kind']} pooler of {saved['n_embd']} dims; "
                         f"{fix}") from None
     return pooler, saved
 
@@ -122,7 +122,7 @@ def zero_shot_sts(model, sts_path):
     features vs the gold score, on one STS set (a GLUE STS-B folder, or a SemEval-style file)."""
     sets = read_sts(sts_path)
     if len(sets) != 1:
-        raise EvalError(f"{sts_path} holds {len(sets)} STS sets ({', '.join(sets)}); pass one of them")
+        raise UserError(f"{sts_path} holds {len(sets)} STS sets ({', '.join(sets)}); pass one of them")
     return eval_sts(model, None, *sets.values())
 
 
@@ -184,7 +184,7 @@ def train(model, pooler, pairs, steps, batch_size, lr, backbone_lr, temperature,
         batch = list(itertools.islice(pairs, batch_size))
         if len(batch) < batch_size:
             if step == 0:  # a pooler that never trained would be reported as one that did
-                raise EvalError(f"fewer pairs than one batch of {batch_size}; pass more pairs or a smaller --batch_size")
+                raise UserError(f"fewer pairs than one batch of {batch_size}; pass more pairs or a smaller --batch_size")
             print(f"the pairs ran out after {step} steps of {steps}", file=sys.stderr)
             break
         idx, mask = pad([a for a, _ in batch] + [b for _, b in batch], device)  # both sides in one forward
@@ -192,7 +192,7 @@ def train(model, pooler, pairs, steps, batch_size, lr, backbone_lr, temperature,
         z = pooler(h, mask)
         loss = info_nce(z[:batch_size], z[batch_size:], temperature)
         if not torch.isfinite(loss):
-            raise EvalError(f"step {step + 1}: the InfoNCE loss is {loss.item()}; lower --lr or raise --temperature")
+            raise UserError(f"step {step + 1}: the InfoNCE loss is {loss.item()}; lower --lr or raise --temperature")
         scale = min((step + 1) / warmup, (steps - step) / (steps - warmup + 1))  # linear warmup, linear decay
         for g, base in zip(opt.param_groups, (lr, backbone_lr)):
             g["lr"] = base * scale
@@ -213,13 +213,13 @@ def read_texts(path, text_key):
     p = Path(path)
     if not p.is_file():
         what = "a folder" if p.is_dir() else "no such file"
-        raise EvalError(f"--texts={path}: {what}; pass one .txt file (one text per line) or .jsonl file")
+        raise UserError(f"--texts={path}: {what}; pass one .txt file (one text per line) or .jsonl file")
     if p.suffix == ".jsonl":
         texts = [obj[text_key] for _, obj in read_jsonl(p, [text_key])]
     else:
         texts = [line.rstrip("\n") for _, line in utf8_lines(p)]
     if not any(t.strip() for t in texts):
-        raise EvalError(f"--texts={path}: no text in it; pass a file with one text per line")
+        raise UserError(f"--texts={path}: no text in it; pass a file with one text per line")
     return texts
 
 
@@ -231,7 +231,7 @@ def embed_file(args):
     model, info = load_model(args)
     cfg = model.config
     if saved and saved["n_embd"] != cfg.n_embd:
-        raise EvalError(f"{args.load_pooler} is a pooler of {saved['n_embd']} dims, but --ckpt={args.ckpt} has "
+        raise UserError(f"{args.load_pooler} is a pooler of {saved['n_embd']} dims, but --ckpt={args.ckpt} has "
                         f"n_embd={cfg.n_embd}; pass the checkpoint it was trained on, {saved['ckpt']}")
     how = f"the {saved['kind']} pooler of {args.load_pooler} (trained on {saved['ckpt']})" if saved else "mean pooling"
     print(f"{info['model_type']} {cfg.n_layer}x{cfg.n_embd}, {len(texts):,} texts, {how}, on {args.device}",
@@ -275,10 +275,10 @@ def mteb_tasks(spec):
             task = mteb.get_task(item)
             task.load_data()
         except KeyError:
-            raise EvalError(f"--mteb: no mteb task {item!r} and no such path; use mteb's task names "
+            raise UserError(f"--mteb: no mteb task {item!r} and no such path; use mteb's task names "
                             "(e.g. STSBenchmark) or a local STS set") from None
         except Exception as e:  # offline, hub down: all end here
-            raise EvalError(f"--mteb: cannot load {item} from the hub ({str(e).splitlines()[0]}); "
+            raise UserError(f"--mteb: cannot load {item} from the hub ({str(e).splitlines()[0]}); "
                             "offline, pass a local STS set (e.g. --mteb=../shared/glue/STS-B)") from None
         tasks.append(task)
     return tasks
@@ -351,12 +351,12 @@ def main(argv=None):
              "embed.py")
     if args.pairs and args.batch_size < 2:  # InfoNCE's negatives are the batch's other pairs
         fail(f"--batch_size={args.batch_size}: contrastive training needs at least 2 pairs a batch", "embed.py")
-    for option in ("out", "out_npy", "save_pooler"):  # outputs are checked before any work
-        if getattr(args, option):
-            check_writable(getattr(args, option), f"--{option}", folder=False, script="embed.py")
-    if args.mteb:
-        check_writable(args.mteb_out, "--mteb_out", script="embed.py")
-    with user_errors("embed.py", EvalError):
+    with user_errors("embed.py"):
+        for option in ("out", "out_npy", "save_pooler"):  # outputs are checked before any work
+            if getattr(args, option):
+                check_writable(getattr(args, option), f"--{option}", folder=False)
+        if args.mteb:
+            check_writable(args.mteb_out, "--mteb_out")
         if args.texts:
             embed_file(args)
         else:
@@ -372,7 +372,7 @@ def run(args):
     model, info = load_model(args)
     model_type, cfg = info["model_type"], model.config
     if args.pairs and next(pair_stream(args.pairs, args.seed, cfg.block_size), None) is None:
-        raise EvalError(f"--pairs={args.pairs}: no pairs there")  # checked now, not after the zero-shot evaluation
+        raise UserError(f"--pairs={args.pairs}: no pairs there")  # checked now, not after the zero-shot evaluation
     print(f"{model_type} {cfg.n_layer}x{cfg.n_embd}, {model.num_params() / 1e6:.1f}M params", file=sys.stderr)
 
     rows = []

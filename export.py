@@ -36,8 +36,8 @@ import time
 import torch
 
 from checkpoint import load_checkpoint
-from configurator import check_writable, fail, user_errors
-from data.tasks import EvalError
+from errors import UserError, check_writable, fail, user_errors
+
 from data.tokenizer import EOT, MASK, PAD, load_ranks
 from embed import load_pooler
 
@@ -157,20 +157,20 @@ def write_sentence_transformers(folder, block_size):
 def export(ckpt_path, out, pooler_path=""):
     """Write the export folder `out` (which must not exist yet) from a checkpoint and, optionally, a saved pooler."""
     if os.path.exists(out):
-        raise EvalError(f"--out={out} already exists; pick a new folder (or remove it) so nothing in it is lost")
+        raise UserError(f"--out={out} already exists; pick a new folder (or remove it) so nothing in it is lost")
     check_writable(out, "--out")
     try:
         model, ckpt = load_checkpoint(ckpt_path)
     except ValueError as e:
-        raise EvalError(str(e)) from None
+        raise UserError(str(e)) from None
     pooler, saved = load_pooler(pooler_path) if pooler_path else (None, None)
     if saved and saved["n_embd"] != model.config.n_embd:
-        raise EvalError(f"--pooler={pooler_path} is a pooler of {saved['n_embd']} dims, but --ckpt={ckpt_path} has "
+        raise UserError(f"--pooler={pooler_path} is a pooler of {saved['n_embd']} dims, but --ckpt={ckpt_path} has "
                         f"n_embd={model.config.n_embd}; pass the checkpoint it was trained on, {saved['ckpt']}")
     try:
         import safetensors  # noqa: F401
     except ImportError:
-        raise EvalError("export writes model.safetensors: pip install safetensors (transformers brings it)") from None
+        raise UserError("export writes model.safetensors: pip install safetensors (transformers brings it)") from None
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.", dir=parent)
@@ -194,7 +194,7 @@ def main(argv=None):
     ap.add_argument("--out", required=True, help="the folder to write; it must not exist yet")
     args = ap.parse_args(argv)
     t0 = time.time()
-    with user_errors("export.py", EvalError):
+    with user_errors("export.py"):
         st = export(args.ckpt, args.out, args.pooler)
     files = sorted(os.listdir(args.out))
     size = sum(os.path.getsize(os.path.join(args.out, f)) for f in files if os.path.isfile(os.path.join(args.out, f)))

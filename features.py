@@ -9,10 +9,11 @@ import torch
 from tqdm import tqdm
 
 from checkpoint import load_checkpoint
-from data.tasks import EvalError
+
 from data.tokenizer import EOT, PAD, encode_batch
 from model import MODELS, ModelConfig, make_config
 from poolers import mean_pool
+from errors import UserError
 
 
 def add_model_args(parser):
@@ -44,7 +45,7 @@ def random_twin(model, seed=0):
 def load_model(args):
     """(model in eval mode, description) from the add_model_args() options."""
     if args.like and args.ckpt != "random":
-        raise EvalError(f"--like={args.like} makes a random twin: pass it with --ckpt=random")
+        raise UserError(f"--like={args.like} makes a random twin: pass it with --ckpt=random")
     try:
         if args.ckpt == "random" and args.like:
             model = random_twin(load_checkpoint(args.like, device=args.device)[0], args.seed)
@@ -56,7 +57,7 @@ def load_model(args):
             return model, dict(ckpt="random", model_type=args.model_type, model_args=vars(model.config), seed=args.seed)
         model, ckpt = load_checkpoint(args.ckpt, device=args.device)
     except ValueError as e:  # a checkpoint that cannot be read, or a shape no model can have
-        raise EvalError(str(e)) from None
+        raise UserError(str(e)) from None
     return model, dict(ckpt=args.ckpt, model_type=ckpt["model_type"], model_args=ckpt["model_args"],
                        step=ckpt.get("step"), tokens=ckpt.get("tokens"))
 

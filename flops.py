@@ -160,7 +160,8 @@ def main(argv):
     from dataclasses import asdict
 
     import model  # only the CLI needs the model's defaults
-    from configurator import configure, fail
+    from configurator import configure
+    from errors import fail
     # the fields whose default depends on the model stay None, so each model below gets its own
     defaults = {**asdict(model.ModelConfig()), "mask_ratio": None, "cms": None, "pred_layer": None, "gen_layer": None}
     del defaults["model_type"]
@@ -195,6 +196,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from configurator import user_errors
+    from errors import user_errors
     with user_errors("flops.py"):
         main(sys.argv[1:])

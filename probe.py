@@ -28,8 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from configurator import check_writable, fail, user_errors
-from data.tasks import GLUE, EvalError, load_task
+from errors import UserError, check_writable, fail, user_errors
+from data.tasks import GLUE, load_task
 from features import add_model_args, features, load_model, tokenize
 
 LAMBDAS = 10.0 ** np.arange(-5, 2.01, 0.5)  # ridge penalty per training example (features have unit variance)
@@ -214,7 +214,7 @@ def parse_layers(spec, n_layer):
         return [n_layer] if spec == "last" else list(range(n_layer + 1))
     layers = [int(x) for x in spec.split(",") if x.isdigit()]
     if len(layers) != len(spec.split(",")) or not all(0 <= x <= n_layer for x in layers):
-        raise EvalError(f"--layers={spec}: use last, all, or layer numbers in 0..{n_layer}, 0 being the embeddings "
+        raise UserError(f"--layers={spec}: use last, all, or layer numbers in 0..{n_layer}, 0 being the embeddings "
                         f"(e.g. 0,{n_layer})")
     return layers
 
@@ -247,9 +247,9 @@ def main(argv=None):
     args = p.parse_args(argv)
     if args.batch_size < 1:
         fail(f"--batch_size={args.batch_size}: must be at least 1", "probe.py")
-    if args.out:
-        check_writable(args.out, "--out", folder=False)
-    with user_errors("probe.py", EvalError):
+    with user_errors("probe.py"):
+        if args.out:
+            check_writable(args.out, "--out", folder=False)
         run(args)
 
 

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from checkpoint import load_checkpoint
-from configurator import fail, user_errors
-from data.tasks import EvalError
+from errors import UserError, fail, user_errors
+
 from data.tokenizer import EOT, MASK, decode, encode, encode_masked
 from embed import read_texts, search
 from features import embed_texts
@@ -186,7 +186,7 @@ def main(argv=None):
         fail("--detect reads --text=...: the text whose replaced tokens to find", "sample.py")
     if args.top_k < 1:
         fail(f"--top_k={args.top_k}: must be at least 1", "sample.py")
-    with user_errors("sample.py", EvalError):
+    with user_errors("sample.py"):
         try:
             model, ckpt = load_checkpoint(args.ckpt, args.device)
         except ValueError as e:

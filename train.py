@@ -28,14 +28,15 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import checkpoint
-from configurator import configure, fail, interrupt_hook, reach_master, user_errors_hook
+from configurator import configure
+from errors import UserError, fail, interrupt_hook, user_errors, user_errors_hook
 from data.loader import load_splits
-from data.tasks import EvalError
+
 from flops import budget_steps, checked_peak, fastest_dtype, peak_flops, peak_from_table, training_flops
 from masking import Views
 from model import MODELS
 
-user_errors_hook("train.py", EvalError)  # e.g. a path that cannot be written, anywhere below, ends in one line
+user_errors_hook("train.py")  # e.g. a path that cannot be written, anywhere below, ends in one line
 
 # -----------------------------------------------------------------------------
 # settings: the defaults train a tiny CrossBERT on 2 CPU cores in about 7 minutes: the ladder's smallest rung
@@ -109,7 +110,8 @@ settings = {k: globals()[k] for k in settings}
 ddp = "RANK" in os.environ  # set by torchrun
 rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")) if ddp else (0, 0, 1)
 master = rank == 0
-config, ckpt = checkpoint.check_run(settings, world_size)  # every setting checked; the checkpoint to resume, if any
+with user_errors("train.py"):  # every setting checked; the checkpoint to resume, if any
+    config, ckpt = checkpoint.check_run(settings, world_size)
 n_views, _, n_predicted = config.views
 # the batch: total_batch_size is fixed; each process takes an equal share of a step's rows, in micro-steps of
 # at most batch_size rows, so any number of processes sees the same data (see get_batch)
@@ -123,7 +125,7 @@ if ddp:
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
     if rank > 0:
-        reach_master(join_timeout)
+        checkpoint.reach_master(join_timeout)
     dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
     # the other processes wait out the master's probes in this group: a probe may take longer than the process
     # group's timeout (10-30 min), which would end the run in whatever collective they waited in instead
@@ -156,7 +158,7 @@ if ddp:
     dist.barrier()
 try:
     windows, vocab_map, unigram = load_splits(data_dir, block_size, vocab_size)
-except (FileNotFoundError, ValueError) as e:
+except (FileNotFoundError, UserError) as e:
     fail(f"{e} (prepare it with data/<corpus>/prepare.py --out_dir={data_dir})")
 
 

@@ -16,8 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from configurator import check_writable, fail, not_utf8, world_error
-from data.tasks import EvalError
+from errors import UserError, check_writable, not_utf8, user_errors
+
 from data.tokenizer import EOT, MASK, PAD, VOCAB_SIZE, get_tokenizer
 
 EXTENSIONS = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
@@ -35,7 +35,7 @@ def find_files(input):
         raise FileNotFoundError(f"no input files at {input!r}; pass --input= {FORMATS}")
     for p in paths:
         if not p.endswith(EXTENSIONS):
-            raise ValueError(f"{p}: unsupported file type; --input takes {FORMATS}")
+            raise UserError(f"{p}: unsupported file type; --input takes {FORMATS}")
     return paths
 
 
@@ -55,7 +55,7 @@ def read_files(input, text_key="text"):
                 table = pq.ParquetFile(path)
                 columns = table.schema_arrow.names
                 if text_key not in columns:  # pyarrow's own error is an IndexError that names neither
-                    raise EvalError(f"{path} has no column {text_key!r} (its columns: {', '.join(columns)}); "
+                    raise UserError(f"{path} has no column {text_key!r} (its columns: {', '.join(columns)}); "
                                     "pass --text_key= with the one that holds the text")
                 for batch in table.iter_batches(batch_size=1024, columns=[text_key]):
                     yield from batch.column(0).to_pylist()
@@ -65,12 +65,12 @@ def read_files(input, text_key="text"):
                         if row.strip():
                             yield json.loads(row.decode("utf-8"))[text_key]
         except UnicodeDecodeError as e:
-            raise EvalError(f"{not_utf8(path, e, n)}, or remove it from --input") from None
-        except EvalError:
+            raise UserError(f"{not_utf8(path, e, n)}, or remove it from --input") from None
+        except UserError:
             raise
         except (OSError, ValueError, KeyError, TypeError) as e:  # JSON errors are ValueErrors
             where = f"{path}, line {n}" if n else path
-            raise EvalError(f"cannot read {where}: {e!r}. Convert it to UTF-8 text (with a {text_key!r} field in "
+            raise UserError(f"cannot read {where}: {e!r}. Convert it to UTF-8 text (with a {text_key!r} field in "
                             "each row of .jsonl/.parquet, or pass --text_key=) or remove it from --input") from e
 
 
@@ -91,7 +91,7 @@ def batches(docs, chars=1 << 20):
     batch, n = [], 0
     for doc in docs:
         if not isinstance(doc, str):
-            raise TypeError(f"documents must be str, got {type(doc).__name__}; check --text_key")
+            raise UserError(f"documents must be str, got {type(doc).__name__}; check --text_key")
         if doc:
             batch.append(doc)
             n += len(doc)
@@ -130,7 +130,7 @@ def write_bins(docs, out_dir, source, val_every=100, max_tokens=None, threads=os
     """Tokenise `docs` into out_dir/{train,val}.bin and meta.json; every val_every-th document goes to val.
     Stops at the first document boundary past max_tokens. Files appear only once complete (temp file, then rename)."""
     if val_every < 2:
-        raise ValueError(f"--val_every={val_every} would leave no training documents; pass 2 or more")
+        raise UserError(f"--val_every={val_every} would leave no training documents; pass 2 or more")
     created = not os.path.isdir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     splits = ("train", "val")
@@ -157,9 +157,9 @@ def write_bins(docs, out_dir, source, val_every=100, max_tokens=None, threads=os
         if last > t0 and end == "":
             print(file=sys.stderr)  # ends the rewritten line
         if n_docs["train"] == 0:
-            raise ValueError(f"no text in {source}; check --input (and --text_key for .jsonl/.parquet)")
+            raise UserError(f"no text in {source}; check --input (and --text_key for .jsonl/.parquet)")
         if n_docs["val"] == 0:
-            raise ValueError(f"too few documents ({n_docs['train']}) in {source} for --val_every={val_every}: "
+            raise UserError(f"too few documents ({n_docs['train']}) in {source} for --val_every={val_every}: "
                              "the validation split would be empty; pass a smaller --val_every")
     except BaseException:
         for s in splits:
@@ -201,15 +201,14 @@ def main(doc, **defaults):
     a = p.parse_args()
     if not (a.input or a.dataset):
         p.error(f"pass --input= {FORMATS}")
-    for name, value in (("threads", a.threads), ("max_tokens", a.max_tokens)):
-        if value is not None and value < 1:
-            fail(f"--{name}={value}: must be at least 1" + (" (leave it out for no budget)" * (name == "max_tokens")))
-    check_writable(a.out_dir, "--out_dir")
-    try:
+    with user_errors(p.prog):  # bad input: one line that names the file and the fix, no traceback
+        for name, value in (("threads", a.threads), ("max_tokens", a.max_tokens)):
+            if value is not None and value < 1:
+                raise UserError(f"--{name}={value}: must be at least 1" +
+                                " (leave it out for no budget)" * (name == "max_tokens"))
+        check_writable(a.out_dir, "--out_dir")
         if a.input:
             docs, source = read_files(a.input, a.text_key), a.input
         else:
             docs, source = read_hub(a.dataset, a.name, a.text_key), a.dataset + (f" ({a.name})" if a.name else "")
         write_bins(docs, a.out_dir, source, a.val_every, a.max_tokens, a.threads)
-    except (ValueError, OSError) as e:  # bad input: one line that names the file and the fix, no traceback
-        p.exit(2, f"{p.prog}: error: {world_error(e) if isinstance(e, OSError) else e}\n")

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from data.tokenizer import VOCAB_SIZE, compact_vocab
+from errors import UserError
 
 FIX = "rebuild it with its prepare script, e.g. python data/tinybooks/prepare.py"
 
@@ -20,7 +21,7 @@ class TokenWindows:
             raise FileNotFoundError(f"token file {path} does not exist; {FIX}")
         size = os.path.getsize(path)
         if size % 2:
-            raise ValueError(f"{path} has {size} bytes, not a multiple of 2, so it is not a uint16 token file "
+            raise UserError(f"{path} has {size} bytes, not a multiple of 2, so it is not a uint16 token file "
                              f"(or it was cut short); {FIX}")
         meta_path = os.path.join(os.path.dirname(path), "meta.json")
         if os.path.isfile(meta_path):  # the data carries its description: refuse files this model cannot read
@@ -28,12 +29,12 @@ class TokenWindows:
                 meta = json.load(f)
             found = (meta.get("dtype"), str(meta.get("tokenizer", "")).split()[0], meta.get("vocab_size"))
             if found != ("uint16", "gpt2", VOCAB_SIZE):
-                raise ValueError(f"{meta_path} describes {found[0]} ids of the {found[1]!r} tokenizer with vocab_size "
+                raise UserError(f"{meta_path} describes {found[0]} ids of the {found[1]!r} tokenizer with vocab_size "
                                  f"{found[2]}, but training reads uint16 ids of the gpt2 tokenizer with vocab_size "
                                  f"{VOCAB_SIZE}; {FIX}")
         self.tokens = np.memmap(path, dtype=np.uint16, mode="r") if size else np.zeros(0, np.uint16)
         if len(self.tokens) < block_size + 1:
-            raise ValueError(f"{path} has {len(self.tokens):,} tokens, fewer than block_size + 1 = {block_size + 1}; "
+            raise UserError(f"{path} has {len(self.tokens):,} tokens, fewer than block_size + 1 = {block_size + 1}; "
                              f"use a smaller block_size or more text ({FIX})")
         # one pass, in chunks of 32 MB so a huge file never sits in memory: how often each id occurs (for the
         # unigram baseline and a compact vocabulary), which also shows the largest id
@@ -41,7 +42,7 @@ class TokenWindows:
         for i in range(0, len(self.tokens), 1 << 24):
             chunk = np.bincount(self.tokens[i:i + (1 << 24)])  # its length is the chunk's largest id + 1
             if len(chunk) > vocab_size:
-                raise ValueError(f"{path} holds token id {len(chunk) - 1} >= vocab_size {vocab_size}: it was written "
+                raise UserError(f"{path} holds token id {len(chunk) - 1} >= vocab_size {vocab_size}: it was written "
                                  f"by another tokenizer or is corrupted; {FIX}")
             self.counts[:len(chunk)] += chunk
         self.path, self.block_size = path, block_size

@@ -6,8 +6,9 @@ import random
 from pathlib import Path
 
 from data.corpus import FORMATS, find_files, read_files
-from data.tasks import EvalError, read_jsonl, utf8_lines
+from data.tasks import read_jsonl, utf8_lines
 from data.tokenizer import EOT, encode
+from errors import UserError
 
 
 def crop_pairs(path, seed, passage=64, chars_per_passage=10_000, lo=0.1, hi=0.5):
@@ -18,7 +19,7 @@ def crop_pairs(path, seed, passage=64, chars_per_passage=10_000, lo=0.1, hi=0.5)
     try:
         find_files(str(path))
     except (OSError, ValueError):
-        raise EvalError(f"--pairs=crop:{path}: no corpus there; pass {FORMATS}") from None
+        raise UserError(f"--pairs=crop:{path}: no corpus there; pass {FORMATS}") from None
     rng = random.Random(seed)
 
     def span(ids):
@@ -37,7 +38,7 @@ def crop_pairs(path, seed, passage=64, chars_per_passage=10_000, lo=0.1, hi=0.5)
 def first_two_texts(values, where):
     texts = [v for v in values if isinstance(v, str)]
     if len(texts) < 2:
-        raise EvalError(f"{where}: expected two text columns, found {len(texts)}; fix: one pair per line, "
+        raise UserError(f"{where}: expected two text columns, found {len(texts)}; fix: one pair per line, "
                         "`text_a<TAB>text_b` (.tsv) or {\"a\": ..., \"b\": ...} (.jsonl)")
     return texts[0], texts[1]
 
@@ -50,14 +51,14 @@ def text_pairs(spec):
         try:
             rows = load_dataset(name, config or None, split="train", streaming=True)
         except Exception as e:  # offline, unknown name or config: all end here
-            raise EvalError(f"--pairs={spec}: cannot load it from the hub ({str(e).splitlines()[0]}); offline, "
+            raise UserError(f"--pairs={spec}: cannot load it from the hub ({str(e).splitlines()[0]}); offline, "
                             "use --pairs=crop:CORPUS or a local .tsv/.jsonl of pairs") from None
         for row in rows:
             yield first_two_texts(row.values(), spec)
         return
     path = Path(spec)
     if not path.is_file() or path.suffix not in (".tsv", ".jsonl"):
-        raise EvalError(f"--pairs={spec}: no such .tsv or .jsonl file; pass crop:CORPUS, hf:NAME[:CONFIG] or a pairs file")
+        raise UserError(f"--pairs={spec}: no such .tsv or .jsonl file; pass crop:CORPUS, hf:NAME[:CONFIG] or a pairs file")
     if path.suffix == ".jsonl":
         for n, obj in read_jsonl(path):
             yield first_two_texts(obj.values(), f"{path}:{n}")

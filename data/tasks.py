@@ -2,7 +2,7 @@
 The evaluation sets, read and checked: GLUE tasks (the official TSV layout, or the hub) and task folders
 of the user's for probe.py; STS sets and BEIR retrieval folders for embed.py.
 
-Bad input is an EvalError whose message names the file (and line), the problem and the fix.
+Bad input is an UserError whose message names the file (and line), the problem and the fix.
 """
 import csv
 import gzip
@@ -15,11 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from configurator import not_utf8
-
-
-class EvalError(ValueError):
-    """Bad input; the message names the file or option and the fix."""
+from errors import UserError, not_utf8
 
 
 # ----------------------------------------------------------------------------
@@ -49,19 +45,19 @@ def read_tsv(path, header=None):
     Quoting is off, as GLUE's files need: their quote characters are text, not field delimiters.
     """
     if not os.path.isfile(path):
-        raise EvalError(f"{path} is missing; a task folder needs train.tsv and dev.tsv (dev_matched.tsv for MNLI)")
+        raise UserError(f"{path} is missing; a task folder needs train.tsv and dev.tsv (dev_matched.tsv for MNLI)")
     try:
         text = Path(path).read_bytes().decode("utf-8-sig")  # utf-8-sig drops MRPC's byte-order mark
     except UnicodeDecodeError as e:
-        raise EvalError(not_utf8(path, e)) from None
+        raise UserError(not_utf8(path, e)) from None
     reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=csv.QUOTE_NONE)
     rows = [(reader.line_num, row) for row in reader if row]
     names = header or (rows.pop(0)[1] if rows else [])
     if not rows:
-        raise EvalError(f"{path} has no examples; fill it or leave the task out of --tasks")
+        raise UserError(f"{path} has no examples; fill it or leave the task out of --tasks")
     for line, row in rows:
         if len(row) != len(names):
-            raise EvalError(f"{path}:{line}: {len(row)} tab-separated fields where the header has {len(names)}; "
+            raise UserError(f"{path}:{line}: {len(row)} tab-separated fields where the header has {len(names)}; "
                             "fix or delete that row (a field may not contain a tab)")
     return dict(zip(names, zip(*(row for _, row in rows))))
 
@@ -70,7 +66,7 @@ def pick(table, columns, path):
     """(texts: [tuple of the text columns], raw labels) from a read_tsv() table; the label column is last."""
     missing = [c for c in columns if c not in table]
     if missing:
-        raise EvalError(f"{path} has no column {missing[0]!r} (its columns: {', '.join(table)}); rename the column")
+        raise UserError(f"{path} has no column {missing[0]!r} (its columns: {', '.join(table)}); rename the column")
     *texts, labels = (table[c] for c in columns)
     return list(zip(*texts)), list(labels)
 
@@ -91,7 +87,7 @@ def to_labels(raw, classes, path):
     bad = [x for x in raw if (x not in classes if classes else not finite(x))]
     if bad:
         expected = f"one of {', '.join(classes)}" if classes else "a finite number"
-        raise EvalError(f"{path}: label {bad[0]!r} is not {expected}; fix the label column")
+        raise UserError(f"{path}: label {bad[0]!r} is not {expected}; fix the label column")
     return np.array([classes.index(x) for x in raw]) if classes else np.array([float(x) for x in raw])
 
 
@@ -110,13 +106,13 @@ def glue_split(name, glue_dir, split):
         try:
             ds = datasets.load_dataset("nyu-mll/glue", task.hub, split=hub_split)
         except Exception as e:  # no internet, no cache, hub down: all end here
-            raise EvalError(f"cannot load GLUE {name} from the hub (nyu-mll/glue, {task.hub}): "
+            raise UserError(f"cannot load GLUE {name} from the hub (nyu-mll/glue, {task.hub}): "
                             f"{str(e).splitlines()[0]}; offline, pass --glue_dir=PATH with PATH/<TASK>/train.tsv "
                             "and dev.tsv") from None
         return list(zip(*(ds[c] for c in task.hub_texts))), np.array(ds["label"])
     folder = os.path.join(glue_dir, name)
     if not os.path.isdir(folder):
-        raise EvalError(f"no folder {folder} for GLUE task {name}; put its train.tsv and dev.tsv there, "
+        raise UserError(f"no folder {folder} for GLUE task {name}; put its train.tsv and dev.tsv there, "
                         f"or leave {name} out of --tasks")
     path = os.path.join(folder, "dev_matched.tsv" if (name, split) == ("MNLI", "dev") else f"{split}.tsv")
     return read_table(path, task.columns, task.classes, COLA_HEADER if name == "CoLA" else None)
@@ -136,7 +132,7 @@ def folder_task(folder):
     numbers = [parses(float, x) for x in labels]
     if any(numbers) and not all(numbers):  # one stray word must not turn a 0/1 task into a 3-class one
         found = sorted(set(labels), key=lambda x: (not parses(float, x), x))
-        raise EvalError(f"{folder}: the labels mix numbers and words ({', '.join(found[:8])}); fix the stray "
+        raise UserError(f"{folder}: the labels mix numbers and words ({', '.join(found[:8])}); fix the stray "
                         "labels, or use words for every class")
     if all(parses(int, x) for x in labels):
         classes = sorted(set(data["train"][1]), key=int)
@@ -145,7 +141,7 @@ def folder_task(folder):
     else:
         classes = sorted(set(data["train"][1]))
     if classes is not None and len(classes) < 2:  # any probe scores 100 on it: a meaningless number
-        raise EvalError(f"{paths['train']}: every label is {classes[0]!r}; a classification task needs at least "
+        raise UserError(f"{paths['train']}: every label is {classes[0]!r}; a classification task needs at least "
                         "two classes")
     metrics = ("pearson", "spearman") if classes is None else ("acc", "macro_f1") if len(classes) > 2 else ("acc",)
     return classes, metrics, {s: (texts, to_labels(raw, classes, paths[s])) for s, (texts, raw) in data.items()}
@@ -173,14 +169,14 @@ def load_task(name, glue_dir=None, max_train=0, seed=1337):
     elif os.path.isdir(name):
         classes, metrics, data = folder_task(name)
     else:
-        raise EvalError(f"unknown task {name!r}; use GLUE names ({','.join(GLUE)}) or the path of a folder "
+        raise UserError(f"unknown task {name!r}; use GLUE names ({','.join(GLUE)}) or the path of a folder "
                         "with train.tsv and dev.tsv")
     texts, labels = data["train"]
     if len(labels) < 2:
-        raise EvalError(f"task {name} has {len(labels)} training example; the probes need at least 2")
+        raise UserError(f"task {name} has {len(labels)} training example; the probes need at least 2")
     need = max(2, len(classes or ()))  # the probes hold out part of train, and need an example of each class
     if max_train < 0 or 0 < max_train < need:
-        raise EvalError(f"task {name}: max_train={max_train} keeps fewer than the {need} training examples the probes "
+        raise UserError(f"task {name}: max_train={max_train} keeps fewer than the {need} training examples the probes "
                         f"need ({'one per class' if classes else 'one to fit, one held out'}); pass at least {need}, "
                         "or 0 for all of train")
     if 0 < max_train < len(labels):
@@ -202,7 +198,7 @@ def read_sts(path):
     else:
         found = sorted(f for f in p.iterdir() if f.suffix in (".tsv", ".txt")) if p.is_dir() else [p]
         if not found or not found[0].is_file():
-            raise EvalError(f"--sts={path}: no STS-B dev.tsv and no .tsv/.txt files of `score<TAB>s1<TAB>s2` lines there")
+            raise UserError(f"--sts={path}: no STS-B dev.tsv and no .tsv/.txt files of `score<TAB>s1<TAB>s2` lines there")
         files = {f"{p.name}/{f.stem}" if p.is_dir() else f.stem: (f, ("score",) + columns[:2]) for f in found}
     return {name: [(a, b, y) for (a, b), y in zip(*read_table(f, columns, None, header))]
             for name, (f, header) in files.items()}
@@ -213,26 +209,26 @@ def read_beir(folder):
     p = Path(folder)
     for name in ("corpus.jsonl", "queries.jsonl", "qrels/test.tsv"):
         if not (p / name).is_file():
-            raise EvalError(f"--beir={folder}: no {name}; a BEIR folder holds corpus.jsonl, queries.jsonl, qrels/test.tsv")
+            raise UserError(f"--beir={folder}: no {name}; a BEIR folder holds corpus.jsonl, queries.jsonl, qrels/test.tsv")
     corpus = {str(d["_id"]): f"{d.get('title') or ''} {d['text']}".strip()
               for _, d in read_jsonl(p / "corpus.jsonl", ["_id", "text"])}
     queries = {str(q["_id"]): q["text"] for _, q in read_jsonl(p / "queries.jsonl", ["_id", "text"])}
     qrels, path = {}, p / "qrels/test.tsv"
     lines = utf8_lines(path)
     if next(lines, (1, ""))[1].rstrip("\n").split("\t") != ["query-id", "corpus-id", "score"]:
-        raise EvalError(f"{path}:1: expected the header query-id<TAB>corpus-id<TAB>score; fix: add it")
+        raise UserError(f"{path}:1: expected the header query-id<TAB>corpus-id<TAB>score; fix: add it")
     for n, line in lines:
         if not line.strip():
             continue
         r = line.rstrip("\n").split("\t")
         if len(r) != 3 or not r[2].lstrip("-").isdigit():
-            raise EvalError(f"{path}:{n}: expected query-id<TAB>corpus-id<TAB>integer score; fix that line")
+            raise UserError(f"{path}:{n}: expected query-id<TAB>corpus-id<TAB>integer score; fix that line")
         if r[0] not in queries:
-            raise EvalError(f"{path}:{n}: query id {r[0]!r} is not in queries.jsonl; fix the id or add the query")
+            raise UserError(f"{path}:{n}: query id {r[0]!r} is not in queries.jsonl; fix the id or add the query")
         if int(r[2]) > 0:  # grade 0 (judged not relevant) counts the same as unjudged for both metrics
             qrels.setdefault(r[0], {})[r[1]] = int(r[2])
     if not qrels:
-        raise EvalError(f"{path}: no query has a relevant doc (score > 0); nothing to evaluate")
+        raise UserError(f"{path}: no query has a relevant doc (score > 0); nothing to evaluate")
     return corpus, queries, qrels
 
 
@@ -244,21 +240,21 @@ def read_jsonl(path, keys=()):
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise EvalError(f"{path}:{n}: not valid JSON ({e.msg}); fix: one JSON object per line") from None
+            raise UserError(f"{path}:{n}: not valid JSON ({e.msg}); fix: one JSON object per line") from None
         if not isinstance(obj, dict) or not all(isinstance(obj.get(k), str) for k in keys):
             found = ", ".join(obj) if isinstance(obj, dict) else type(obj).__name__
-            raise EvalError(f"{path}:{n}: expected a JSON object with the string fields {list(keys)} (found: {found}); "
+            raise UserError(f"{path}:{n}: expected a JSON object with the string fields {list(keys)} (found: {found}); "
                             "fix that line")
         yield n, obj
 
 
 def utf8_lines(path):
     """(line number, line) of a UTF-8 text file (.gz: gzip-compressed), "\\r\\n" read as "\\n"; a line that is not
-    UTF-8 is an EvalError that names the file and the line."""
+    UTF-8 is an UserError that names the file and the line."""
     with (gzip.open if str(path).endswith(".gz") else open)(path, "rb") as f:
         for n, raw in enumerate(f, 1):  # decoded a line at a time, so a bad byte's line is known
             try:
                 line = raw.decode("utf-8-sig" if n == 1 else "utf-8")  # -sig: a byte-order mark is not text
             except UnicodeDecodeError as e:
-                raise EvalError(not_utf8(path, e, n)) from None
+                raise UserError(not_utf8(path, e, n)) from None
             yield n, line[:-2] + "\n" if line.endswith("\r\n") else line

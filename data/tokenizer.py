@@ -11,6 +11,7 @@ import re
 import numpy as np
 import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenisation regex
+from errors import UserError
 
 EOT = 50256   # <|endoftext|>: GPT-2's own separator, between documents in the .bin files
 MASK = 50257  # <mask>
@@ -30,7 +31,7 @@ def load_ranks(path=RANKS_PATH):
         data = f.read()
     digest = hashlib.sha256(data).hexdigest()
     if digest != RANKS_SHA256:
-        raise ValueError(f"GPT-2 ranks file {path} is corrupted: sha256 {digest}, expected {RANKS_SHA256}; "
+        raise UserError(f"GPT-2 ranks file {path} is corrupted: sha256 {digest}, expected {RANKS_SHA256}; "
                          "restore it with `git checkout data/gpt2.tiktoken`")
     return {base64.b64decode(tok): int(rank) for tok, rank in (line.split() for line in data.splitlines())}
 
@@ -73,7 +74,7 @@ def compact_vocab(counts, size):
     first; every other id becomes <unk> (size - 3); <mask> and <pad> are size - 2 and size - 1.
     """
     if not 4 <= size <= VOCAB_SIZE:
-        raise ValueError(f"a compact vocabulary needs 4 to {VOCAB_SIZE} ids, got {size}")
+        raise UserError(f"a compact vocabulary needs 4 to {VOCAB_SIZE} ids, got {size}")
     text = np.asarray(counts[:EOT + 1])  # the ids a corpus can hold
     keep = np.argsort(-text, kind="stable")[:size - 3]
     mapping = np.full(VOCAB_SIZE, size - 3, dtype=np.int64)

@@ -30,8 +30,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo r
 sys.path.insert(0, ROOT)
 import bench
 from checkpoint import load_checkpoint
-from configurator import at_least, check_writable, configure, fail, user_errors
-from data.tasks import EvalError, load_task, task_list
+from configurator import configure
+from errors import UserError, at_least, check_writable, fail, user_errors
+from data.tasks import load_task, task_list
 from features import features, tokenize
 from flops import fastest_dtype, flops_per_position, peak_flops
 from model import MODELS, make_config
@@ -74,7 +75,7 @@ def read_tasks(spec, max_train, block_size):
     """tokenized_tasks() of --tasks (a folder of task folders, or a list of them); bad or no tasks end in one line."""
     try:
         tasks = tokenized_tasks(task_list(spec), max_train, block_size)
-    except EvalError as e:
+    except UserError as e:
         fail(f"--tasks: {e}")
     if not tasks:
         fail(f"--tasks={spec}: no task folders there; pass folders of train.tsv and dev.tsv")
@@ -313,5 +314,5 @@ def pair_table(runs, budget, train_tokens, s):
 
 
 if __name__ == "__main__":
-    with user_errors("acceptance.py", EvalError):
+    with user_errors("acceptance.py"):
         main(sys.argv[1:])

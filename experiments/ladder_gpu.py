@@ -24,8 +24,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from acceptance import Report, prepare_dataset, probe_model, read_tasks
 from checkpoint import load_checkpoint
-from configurator import check_writable, configure, fail, user_errors
-from data.tasks import EvalError
+from configurator import configure
+from errors import UserError, check_writable, fail, user_errors
+
 from features import random_twin
 from flops import param_counts
 from model import make_config
@@ -199,5 +200,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    with user_errors("ladder_gpu.py", EvalError):
+    with user_errors("ladder_gpu.py"):
         main(sys.argv[1:])

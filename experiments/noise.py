@@ -21,8 +21,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from checkpoint import load_checkpoint
-from configurator import check_writable, fail, user_errors
-from data.tasks import EvalError, load_task, task_list
+from errors import UserError, check_writable, fail, user_errors
+from data.tasks import load_task, task_list
 from features import features, random_twin, tokenize
 from probe import probe
 from stats import t95
@@ -58,7 +58,7 @@ def main(argv=None):
         like, _ = load_checkpoint(args.like, args.device)
         trained = [load_checkpoint(c, args.device)[0] for c in filter(None, args.trained.split(","))]
     except ValueError as e:  # a missing, truncated or foreign checkpoint
-        raise EvalError(str(e)) from None
+        raise UserError(str(e)) from None
     names = task_list(args.tasks)
     block = like.config.block_size
 
@@ -96,5 +96,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    with user_errors("noise.py", EvalError):
+    with user_errors("noise.py"):
         main(sys.argv[1:])

@@ -34,8 +34,9 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo root: train.py, data/
 sys.path.insert(0, ROOT)
 from checkpoint import load_checkpoint
-from configurator import at_least, check_writable, configure, fail, user_errors
-from data.tasks import EvalError, load_task, task_list
+from configurator import configure
+from errors import UserError, at_least, check_writable, fail, user_errors
+from data.tasks import load_task, task_list
 from features import random_twin
 from flops import budget_steps, param_counts, training_flops
 from model import MODELS, make_config
@@ -366,7 +367,7 @@ def read_tasks(s, p):
         try:
             for task in names:
                 load_task(task, s["glue_dir"] or None, p["probe_max_train"])
-        except EvalError as e:
+        except UserError as e:
             fail(f"{option}: {e}")
     return tasks, glue_tasks
 
@@ -463,5 +464,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    with user_errors("sweep.py", EvalError):
+    with user_errors("sweep.py"):
         main(sys.argv[1:])

@@ -222,15 +222,15 @@ def test_a_full_disk_mid_run_is_one_line(dataset, tmp_path):
 
 def test_a_program_error_keeps_its_traceback(monkeypatch):
     """Only the errors a user causes become one line: anything else is a bug, and its traceback is the report."""
-    from configurator import user_errors, user_errors_hook
-    with pytest.raises(ZeroDivisionError), user_errors("x.py", KeyError):
+    from errors import UserError, user_errors, user_errors_hook
+    with pytest.raises(ZeroDivisionError), user_errors("x.py"):
         1 / 0
     seen = []
     monkeypatch.setattr(sys, "excepthook", lambda *exc: seen.append(exc[0]))
-    user_errors_hook("x.py", KeyError)
+    user_errors_hook("x.py")
     sys.excepthook(ZeroDivisionError, ZeroDivisionError(), None)
     assert seen == [ZeroDivisionError]  # handed on to the hook that was there before
-    for error in (FileNotFoundError(2, "No such file or directory", "x.txt"), KeyError("x")):
+    for error in (FileNotFoundError(2, "No such file or directory", "x.txt"), UserError("x")):
         with pytest.raises(SystemExit) as e:
             sys.excepthook(type(error), error, None)
         assert e.value.code == 2 and seen == [ZeroDivisionError]

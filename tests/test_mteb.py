@@ -5,8 +5,9 @@ import torch
 
 pytest.importorskip("mteb")
 import embed  # noqa: E402  (after the skip: without mteb there is nothing to test here)
-from data.tasks import EvalError  # noqa: E402
+from data.tasks import UserError  # noqa: E402
 from model import CrossBERT, ModelConfig  # noqa: E402
+from errors import UserError
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
 
@@ -43,5 +44,5 @@ def test_command_line_scores_every_row_through_mteb(tmp_path, capsys):
 
 
 def test_unknown_task_is_a_clear_error():
-    with pytest.raises(EvalError, match="no mteb task 'NoSuchTask' and no such path"):
+    with pytest.raises(UserError, match="no mteb task 'NoSuchTask' and no such path"):
         embed.mteb_tasks("NoSuchTask")

@@ -10,7 +10,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
-from configurator import user_errors
+from errors import user_errors
 from data.corpus import read_files, write_bins
 
 HERE = os.path.dirname(os.path.abspath(__file__))
