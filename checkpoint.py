@@ -11,10 +11,14 @@ For train.py: check_run() checks a run's settings against each other, the machin
 resumes, before anything is built or written; run_state() and restore() move a run's state in and out of a
 checkpoint; start_log() opens its log.
 """
+import functools
+import glob
+import hashlib
 import json
 import os
 import signal
 import socket
+import subprocess
 import threading
 import time
 from dataclasses import asdict
@@ -33,6 +37,25 @@ RESUMABLE = {"init_from", "out_dir", "max_iters", "max_flops", "eval_interval", 
 
 # checkpoints written before the block's parts were settings hold this block (a plain GELU MLP, nothing else)
 BLOCK_BEFORE = dict(mlp="gelu", emb_norm=False, lm_head=False, decoder_bias=False)
+
+
+@functools.lru_cache(maxsize=None)
+def code_version():
+    """The code a result comes from, recorded in every checkpoint and log so that a number can be tied to it:
+    {"commit": git's HEAD, "dirty": whether tracked files differ from it} in a git checkout, else (a copy without
+    .git) {"sha256": a hash of the root .py files, the code that trains and evaluates}."""
+    root = os.path.dirname(os.path.abspath(__file__))
+    try:
+        git = lambda *args: subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, timeout=10,
+                                           check=True).stdout.strip()
+        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    except (OSError, subprocess.SubprocessError):  # no git, or not a checkout
+        digest = hashlib.sha256()
+        for path in sorted(glob.glob(os.path.join(root, "*.py"))):
+            digest.update(os.path.basename(path).encode() + b"\0")
+            with open(path, "rb") as f:
+                digest.update(f.read())
+        return {"sha256": digest.hexdigest()}
 
 
 def save_checkpoint(path, ckpt):
