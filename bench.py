@@ -18,121 +18,43 @@ is one JSON object, for scripts.
 """
 import json
 import sys
-import time
 from contextlib import nullcontext
 
 import torch
 
 from configurator import configure
-
-from errors import at_least, check_device, fail, user_errors
-from flops import checked_peak, fastest_dtype, flops_per_position, peak_flops, peak_from_table, training_flops
+from errors import UserError, at_least, check_device, user_errors
+from flops import checked_peak, fastest_dtype, flops_per_position, peak_flops, peak_from_table, time_steps
 from model import MODELS, make_config
 
 settings = dict(
-    n_layer=8, n_head=8, n_embd=512, block_size=256,
+    n_layer=8, n_head=8, n_embd=512, block_size=256,  # the shape of the three models (ModelConfig's settings)
     vocab_size=0,           # 0: GPT-2's 50,304 ids; a compact vocabulary of that many ids (train.py's default: 8,192)
     gen_width=0.25,         # ELECTRA's generator width, a fraction of n_embd (rounded to whole heads)
     batch_size=8,           # input rows per step (CrossBERT's CMS makes 2 views of each)
     steps=3,                # timed steps, after the warmup steps
     warmup=3,               # untimed steps first: compilation and first-touch allocation happen there
-    device="cuda" if torch.cuda.is_available() else "cpu",
-    dtype=fastest_dtype("cuda" if torch.cuda.is_available() else "cpu"),
-    compile=True,
+    device="cuda" if torch.cuda.is_available() else "cpu",  # cpu, cuda or cuda:N
+    dtype=fastest_dtype("cuda" if torch.cuda.is_available() else "cpu"),  # float32, or bfloat16 autocast
+    compile=True,           # torch.compile the models, as train.py does
     flash_check=False,      # CUDA: fail unless FlashAttention serves training and encode()
     profile=False,          # print the top ops by self time of each model's step
-    seed=0,
+    seed=0,                 # the weights, tokens and views
 )
 
 
-def bench(model_type, s, device, autocast):
-    """Time s["steps"] training steps of one model: a dict of its config, input tokens/s, view positions/s,
-    FLOP/s, the seconds of the untimed warmup (compilation happens there), the peak device memory (CUDA) and,
-    with s["flash_check"], the flash check's outcome (True, or the error it raised)."""
-    torch.manual_seed(s["seed"])
-    t_start = time.perf_counter()
-    cfg = make_config({**s, "model_type": model_type})
-    model = MODELS[model_type](cfg).to(device)
-    optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.type)
-    if model.vocab_map is not None:  # a compact vocabulary: spread the synthetic token ids over it, as a real map does
-        model.vocab_map.copy_(torch.arange(cfg.token_ids, device=device) % cfg.vocab_size)
-    step_fn = torch.compile(model) if s["compile"] else model
-    B, T = s["batch_size"], s["block_size"]
-    idx = torch.randint(0, 50257, (B, T), device=device)
-    gen = torch.Generator(device).manual_seed(s["seed"])
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-
-    def step():
-        with autocast:
-            loss, _ = step_fn(idx, *model.draw(B, T, generator=gen, device=device))
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss
-
-    for _ in range(s["warmup"]):
-        step()
-    loss = step()
-    loss.item()  # wait for the device before starting the clock
-    t0 = time.perf_counter()
-    for _ in range(s["steps"]):
-        loss = step()
-    loss.item()
-    dt = (time.perf_counter() - t0) / s["steps"]
-    if s["profile"]:  # after the clock stopped: the profiler's own overhead stays out of the numbers
-        print(f"{model_type}: {profile(step, s['steps'], device)}")
-    out = dict(config=cfg, input_tokens_per_s=B * T / dt, view_positions_per_s=B * cfg.views[0] * T / dt,
-               flops_per_s=training_flops(cfg, model_type, B) / dt, warmup_s=t0 - t_start,
-               peak_memory=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)
-    if s["flash_check"]:
-        try:
-            flash_check(model, idx, autocast)
-            out["flash"] = True
-        except RuntimeError as e:  # SDPA's "No available kernel", with its reasons
-            out["flash"] = " ".join(str(e).split())
-    return out
-
-
-def profile(step, steps, device, rows=12):
-    """The top ops of `steps` calls of step() by self time: a table, its last column the share of the total."""
-    from torch.profiler import ProfilerActivity
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with torch.profiler.profile(activities=activities) as prof:
-        for _ in range(steps):
-            loss = step()
-        loss.item()
-    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)
-    total = sum(getattr(e, key) for e in events)
-    lines = [f"{'op':60s} {'calls':>6s} {'ms/step':>8s} {'share':>6s}"]
-    for e in events[:rows]:
-        t = getattr(e, key)
-        lines.append(f"{e.key[:60]:60s} {e.count // steps:6d} {t / steps / 1e3:8.2f} {100 * t / total:5.1f}%")
-    return "top ops by self time\n" + "\n".join(lines)
-
-
-def flash_check(model, idx, autocast):
-    """One training step and one encode() with only FlashAttention allowed: SDPA raises if it cannot serve them."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    with sdpa_kernel(SDPBackend.FLASH_ATTENTION), autocast:
-        model(idx)[0].backward()  # views sampled inside, as in training
-        with torch.no_grad():
-            model.encode(idx)
-
-
-def main():
-    s = configure(settings, sys.argv[1:], help_from=[__file__])
+def main(argv):
+    s = configure(settings, argv, help_from=[__file__])
     at_least(s, 1, ("batch_size", "steps"))
     check_device(s["device"], s["dtype"])
     device = torch.device(s["device"])
     if s["flash_check"] and device.type != "cuda":
-        fail("--flash_check needs a CUDA device: FlashAttention is a GPU kernel")
+        raise UserError("--flash_check needs a CUDA device: FlashAttention is a GPU kernel")
     for model_type in MODELS:  # a shape no model can have stops here, before anything runs (ModelConfig's checks)
         try:
             make_config({**s, "model_type": model_type})
         except ValueError as e:
-            fail(str(e))
+            raise UserError(str(e)) from None
     dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[s["dtype"]]
     autocast = nullcontext() if dtype == torch.float32 else torch.autocast(device.type, dtype=dtype)
     if s["profile"] and s["compile"] and device.type == "cpu":
@@ -142,7 +64,7 @@ def main():
           f"({'its datasheet' if peak_from_table(device, dtype) else 'the best of 10 matmuls'})")
     out, flops_per_pos = {}, {}
     for model_type in MODELS:
-        r = bench(model_type, s, device, autocast)
+        r = time_steps(model_type, s, device, autocast)
         peak = checked_peak(peak, r["flops_per_s"], lambda: peak_flops(device, dtype))  # MFU stays <= 100%
         cfg = r["config"]
         flops_per_pos[model_type] = flops_per_position(cfg, model_type)
@@ -154,7 +76,7 @@ def main():
               f"{r['view_positions_per_s']:9.0f} view positions/s, {r['flops_per_s'] / 1e12:.3f} TFLOP/s, "
               f"MFU {100 * r['flops_per_s'] / peak:.1f}%{memory}")
         if r.get("flash", True) is not True:
-            fail(f"--flash_check: FlashAttention cannot serve {model_type}: {r['flash']}")
+            raise UserError(f"--flash_check: FlashAttention cannot serve {model_type}: {r['flash']}")
     # each model against BERT, per view position (a view position is an input token for one-view models): measured
     # speed, and the analytic FLOP ratio that would explain it
     for m in MODELS:
@@ -167,6 +89,7 @@ def main():
         print("flash served every attention")
     print(json.dumps({**out, **s}))
 
+
 if __name__ == "__main__":
     with user_errors("bench.py"):
-        main()
+        main(sys.argv[1:])

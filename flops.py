@@ -1,5 +1,6 @@
 """
-Analytic parameter and FLOP counts for BERT, CrossBERT and ELECTRA, from the config alone.
+Analytic parameter and FLOP counts for BERT, CrossBERT and ELECTRA, from the config alone; the peak FLOP/s that MFU
+divides by; and the FLOP/s a training step achieves, timed (time_steps: bench.py and experiments/acceptance.py).
 
 Counted: matrix multiplies, 2 FLOPs per multiply-add, which is what dominates and
 what torch.utils.flop_counter counts. A training step costs 3x its forward pass
@@ -15,6 +16,7 @@ import time
 
 import torch
 
+from model import MODELS, make_config
 
 
 def mlp_params(config):
@@ -156,12 +158,92 @@ def checked_peak(peak, achieved, measure):
     return peak if achieved <= peak else max(measure(), achieved)
 
 
+# -----------------------------------------------------------------------------
+# Achieved FLOP/s: training steps timed (bench.py, experiments/acceptance.py)
+
+
+def time_steps(model_type, s, device, autocast):
+    """Time s["steps"] training steps of one model: a dict of its config, input tokens/s, view positions/s,
+    FLOP/s, the seconds of the untimed warmup (compilation happens there), the peak device memory (CUDA) and,
+    with s["flash_check"], the flash check's outcome (True, or the error it raised)."""
+    torch.manual_seed(s["seed"])
+    t_start = time.perf_counter()
+    cfg = make_config({**s, "model_type": model_type})
+    model = MODELS[model_type](cfg).to(device)
+    optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.type)
+    if model.vocab_map is not None:  # a compact vocabulary: spread the synthetic token ids over it, as a real map does
+        model.vocab_map.copy_(torch.arange(cfg.token_ids, device=device) % cfg.vocab_size)
+    step_fn = torch.compile(model) if s["compile"] else model
+    B, T = s["batch_size"], s["block_size"]
+    idx = torch.randint(0, 50257, (B, T), device=device)
+    gen = torch.Generator(device).manual_seed(s["seed"])
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def step():
+        with autocast:
+            loss, _ = step_fn(idx, *model.draw(B, T, generator=gen, device=device))
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss
+
+    for _ in range(s["warmup"]):
+        step()
+    loss = step()
+    loss.item()  # wait for the device before starting the clock
+    t0 = time.perf_counter()
+    for _ in range(s["steps"]):
+        loss = step()
+    loss.item()
+    dt = (time.perf_counter() - t0) / s["steps"]
+    if s["profile"]:  # after the clock stopped: the profiler's own overhead stays out of the numbers
+        print(f"{model_type}: {profile(step, s['steps'], device)}")
+    out = dict(config=cfg, input_tokens_per_s=B * T / dt, view_positions_per_s=B * cfg.views[0] * T / dt,
+               flops_per_s=training_flops(cfg, model_type, B) / dt, warmup_s=t0 - t_start,
+               peak_memory=torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None)
+    if s["flash_check"]:
+        try:
+            flash_check(model, idx, autocast)
+            out["flash"] = True
+        except RuntimeError as e:  # SDPA's "No available kernel", with its reasons
+            out["flash"] = " ".join(str(e).split())
+    return out
+
+
+def profile(step, steps, device, rows=12):
+    """The top ops of `steps` calls of step() by self time: a table, its last column the share of the total."""
+    from torch.profiler import ProfilerActivity
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(steps):
+            loss = step()
+        loss.item()
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)
+    total = sum(getattr(e, key) for e in events)
+    lines = [f"{'op':60s} {'calls':>6s} {'ms/step':>8s} {'share':>6s}"]
+    for e in events[:rows]:
+        t = getattr(e, key)
+        lines.append(f"{e.key[:60]:60s} {e.count // steps:6d} {t / steps / 1e3:8.2f} {100 * t / total:5.1f}%")
+    return "top ops by self time\n" + "\n".join(lines)
+
+
+def flash_check(model, idx, autocast):
+    """One training step and one encode() with only FlashAttention allowed: SDPA raises if it cannot serve them."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION), autocast:
+        model(idx)[0].backward()  # views sampled inside, as in training
+        with torch.no_grad():
+            model.encode(idx)
+
+
 def main(argv):
     from dataclasses import asdict
 
-    import model  # only the CLI needs the model's defaults
+    import model  # the settings are ModelConfig's, and its file holds their comments
     from configurator import configure
-    from errors import fail
+    from errors import UserError
     # the fields whose default depends on the model stay None, so each model below gets its own
     defaults = {**asdict(model.ModelConfig()), "mask_ratio": None, "cms": None, "pred_layer": None, "gen_layer": None}
     del defaults["model_type"]
@@ -172,7 +254,7 @@ def main(argv):
         try:
             cfg = model.ModelConfig(model_type=model_type, **kwargs)
         except ValueError as e:  # e.g. a mask ratio the views cannot realise
-            fail(f"{names[model_type]}: {e}")
+            raise UserError(f"{names[model_type]}: {e}") from None
         total, body = param_counts(cfg, model_type)
         V, K, M = cfg.views
         rows[model_type] = {

@@ -3,8 +3,8 @@ Documents in, token files out: the code every data/<corpus>/prepare.py shares.
 Documents come from local files (read_files) or a Hugging Face dataset streamed from the hub
 (read_hub); write_bins tokenises them on all cores and streams the ids to train.bin / val.bin
 (uint16, each document followed by <|endoftext|>), so memory stays bounded for any corpus size.
+main() is the prepare scripts' command line, its settings below.
 """
-import argparse
 import glob
 import gzip
 import json
@@ -16,12 +16,26 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from errors import UserError, check_writable, not_utf8, user_errors
+from configurator import configure
+from errors import UserError, at_least, check_writable, not_utf8, user_errors
 
 from data.tokenizer import EOT, MASK, PAD, VOCAB_SIZE, get_tokenizer
 
 EXTENSIONS = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
 FORMATS = "a folder, file or glob of .txt (one document per file), .jsonl / .jsonl.gz or .parquet (one per row) files"
+
+# the prepare scripts' settings; each script sets its own defaults for some (main's `defaults`)
+settings = dict(
+    input="",                 # local text to read instead of --dataset: a folder, file or glob of .txt, .jsonl[.gz]
+                              # or .parquet files
+    dataset="",               # a Hugging Face dataset to stream, e.g. HuggingFaceFW/fineweb-edu
+    name="",                  # the dataset's config, e.g. sample-10BT
+    text_key="text",          # the field holding the text in .jsonl/.parquet rows and datasets
+    out_dir="",               # where train.bin, val.bin and meta.json go
+    max_tokens=None,          # a token budget: stop at the first document end past it; None = no budget
+    val_every=100,            # every Nth document goes to val.bin
+    threads=os.cpu_count(),   # tokenizer threads
+)
 
 
 def find_files(input):
@@ -185,30 +199,21 @@ def write_bins(docs, out_dir, source, val_every=100, max_tokens=None, threads=os
     return meta
 
 
-def main(doc, **defaults):
-    """The command line of every data/<corpus>/prepare.py (--key=value); `doc` and `defaults` are the script's own."""
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--input", help=f"local text to read instead of --dataset: {FORMATS}")
-    p.add_argument("--dataset", help="Hugging Face dataset to stream, e.g. HuggingFaceFW/fineweb-edu")
-    p.add_argument("--name", help="the dataset's config, e.g. sample-10BT")
-    p.add_argument("--text_key", default="text", help="field holding the text in .jsonl/.parquet rows and datasets")
-    p.add_argument("--out_dir", help="where train.bin, val.bin and meta.json go")
-    p.add_argument("--max_tokens", type=int,
-                   help="token budget: stop at the first document end past it (default: %(default)s)")
-    p.add_argument("--val_every", type=int, default=100, help="every Nth document goes to val.bin")
-    p.add_argument("--threads", type=int, default=os.cpu_count(), help="tokenizer threads")
-    p.set_defaults(**defaults)
-    a = p.parse_args()
-    if not (a.input or a.dataset):
-        p.error(f"pass --input= {FORMATS}")
-    with user_errors(p.prog):  # bad input: one line that names the file and the fix, no traceback
-        for name, value in (("threads", a.threads), ("max_tokens", a.max_tokens)):
-            if value is not None and value < 1:
-                raise UserError(f"--{name}={value}: must be at least 1" +
-                                " (leave it out for no budget)" * (name == "max_tokens"))
-        check_writable(a.out_dir, "--out_dir")
-        if a.input:
-            docs, source = read_files(a.input, a.text_key), a.input
+def main(script, argv, **defaults):
+    """The command line of every data/<corpus>/prepare.py: `script` is its file (--help shows its docstring),
+    `defaults` its own values for some of the settings."""
+    prog = os.path.basename(script)
+    s = configure({**settings, **defaults}, argv, types={"max_tokens": int}, help_from=[script, __file__])
+    with user_errors(prog):  # bad input: one line that names the file and the fix, no traceback
+        if not (s["input"] or s["dataset"]):
+            raise UserError(f"pass --input= {FORMATS}, or --dataset= a Hugging Face dataset")
+        at_least(s, 1, ("threads",))
+        if s["max_tokens"] is not None:
+            at_least(s, 1, ("max_tokens",), " (leave it out for no budget)")
+        check_writable(s["out_dir"], "--out_dir")
+        if s["input"]:
+            docs, source = read_files(s["input"], s["text_key"]), s["input"]
         else:
-            docs, source = read_hub(a.dataset, a.name, a.text_key), a.dataset + (f" ({a.name})" if a.name else "")
-        write_bins(docs, a.out_dir, source, a.val_every, a.max_tokens, a.threads)
+            docs = read_hub(s["dataset"], s["name"] or None, s["text_key"])
+            source = s["dataset"] + (f" ({s['name']})" if s["name"] else "")
+        write_bins(docs, s["out_dir"], source, s["val_every"], s["max_tokens"], s["threads"])

@@ -16,9 +16,7 @@ it gives, in about 8 minutes on one H200, and writes experiments/results/gpu/<de
 Every part is written to the report as soon as it ends, and a part that fails is reported, not fatal, so a run
 cut short still says what it measured.
 """
-import json
 import os
-import subprocess
 import sys
 import time
 from contextlib import nullcontext
@@ -26,18 +24,15 @@ from contextlib import nullcontext
 import numpy as np
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo root: bench.py, train.py, data/
-sys.path.insert(0, ROOT)
-import bench
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from checkpoint import load_checkpoint
 from configurator import configure
-from errors import UserError, at_least, check_writable, fail, user_errors
-from data.tasks import load_task, task_list
-from features import features, tokenize
-from flops import fastest_dtype, flops_per_position, peak_flops
+from errors import at_least, check_device, check_writable, user_errors
+from flops import fastest_dtype, flops_per_position, peak_flops, time_steps
 from model import MODELS, make_config
-from probe import probe
-from sweep import PRESETS, run_settings, steps_for, train
+from report import Report
+from runs import (PRESETS, ROOT, RunFailed, prepare_dataset, probe_model, read_log, run_settings, steps_for,
+                  tokenized_tasks, train)
 
 settings = dict(
     smoke=False,              # tiny shapes, the built-in corpus, CPU-sized budgets: checks the path, measures nothing
@@ -45,7 +40,7 @@ settings = dict(
     pair_flops=0.0,           # ... unless this is > 0: the pair's training-FLOP budget, each
     n_layer=12, n_head=12, n_embd=768, block_size=512,  # bench's and the pair's shape
     batch_size=64,            # rows per bench step and per training micro-step
-    bench_steps=10,
+    bench_steps=10,           # timed bench steps per model, after 3 untimed ones
     eval_iters=10,            # the pair's validation batches
     dataset="gutenberg",      # a folder under data/ with train.bin and val.bin ...
     corpus="../shared/corpus/gutenberg",  # ... prepared from this text (data/local/prepare.py) if it has none
@@ -54,85 +49,11 @@ settings = dict(
     random_seeds=2,           # random-init twins per model
     report="",                # "" = experiments/results/gpu/<device>.md
     work_dir="out-acceptance",  # the pair's checkpoints and logs
-    device="cuda" if torch.cuda.is_available() else "cpu",
-    compile=True,
+    device="cuda" if torch.cuda.is_available() else "cpu",  # cpu, cuda or cuda:N
+    compile=True,             # torch.compile for bench and the pair
 )
 SMOKE = dict(minutes=2.0, pair_flops=1e11, n_layer=2, n_head=2, n_embd=64, block_size=64, batch_size=4, bench_steps=2, eval_iters=1,
              dataset="tinybooks", max_train=200, random_seeds=1, compile=False)
-
-
-def tokenized_tasks(names, max_train, block_size):
-    """Each task read once and tokenized once, for every model that is probed on it."""
-    tasks = []
-    for name in names:
-        t = load_task(name, max_train=max_train)
-        t["ids"] = {s: tokenize(t[s][0], block_size)[0] for s in ("train", "dev")}
-        tasks.append(t)
-    return tasks
-
-
-def read_tasks(spec, max_train, block_size):
-    """tokenized_tasks() of --tasks (a folder of task folders, or a list of them); bad or no tasks end in one line."""
-    try:
-        tasks = tokenized_tasks(task_list(spec), max_train, block_size)
-    except UserError as e:
-        fail(f"--tasks: {e}")
-    if not tasks:
-        fail(f"--tasks={spec}: no task folders there; pass folders of train.tsv and dev.tsv")
-    return tasks
-
-
-def prepare_dataset(dataset, corpus):
-    """The training tokens of data/<dataset>, prepared first from the files of `corpus` (data/local/prepare.py, or
-    tinybooks' own script) if it has no val.bin; a corpus that cannot be prepared ends in one line."""
-    data_dir = os.path.join(ROOT, "data", dataset)
-    if not os.path.exists(os.path.join(data_dir, "val.bin")):
-        script = "data/tinybooks/prepare.py" if dataset == "tinybooks" else "data/local/prepare.py"
-        args = [] if dataset == "tinybooks" else [f"--input={corpus}", f"--out_dir={data_dir}"]
-        if subprocess.run([sys.executable, script, *args], cwd=ROOT).returncode:
-            fail(f"could not prepare data/{dataset} from --corpus={corpus}; pass the corpus's files (a folder or a "
-                 "glob of text, .jsonl or .parquet), or --dataset= a prepared folder under data/")
-    return os.path.getsize(os.path.join(data_dir, "train.bin")) // 2
-
-
-def probe_model(model, tasks, batch_size, layers=None):
-    """{task: {"linear": %, "knn": %}, "linear_avg": %, "knn_avg": %}: mean-pooled probes (probe.py's) of the last
-    layer; with layers, {layer: that} for each of them (0 = the token embeddings), from one pass over each task."""
-    device = next(model.parameters()).device
-    which = layers or [model.config.n_layer]
-    out = {layer: {} for layer in which}
-    for t in tasks:
-        f = {s: features(model, t["ids"][s], which, batch_size=4 * batch_size) for s in ("train", "dev")}
-        for layer in which:
-            r = probe(f["train"][layer], t["train"][1], f["dev"][layer], t["dev"][1], t["classes"], t["metrics"],
-                      device=device)
-            out[layer][t["name"]] = {p: r[p]["score"] for p in ("linear", "knn")}
-    for layer in which:
-        for p in ("linear", "knn"):
-            out[layer][f"{p}_avg"] = float(np.mean([out[layer][t["name"]][p] for t in tasks]))
-    return out if layers else out[which[0]]
-
-
-class Report:
-    """The markdown report and its JSON twin, rewritten after every part."""
-
-    def __init__(self, path, header):
-        self.path, self.header, self.parts, self.data, self.times = path, header, [], {}, {}
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-
-    def add(self, name, seconds, markdown, data=None):
-        self.times[name] = round(seconds, 1)
-        if markdown:
-            self.parts.append(markdown)
-        self.data[name] = data
-        times = "\n".join(f"| {k} | {v:.0f} |" for k, v in self.times.items())
-        text = "\n\n".join([self.header, *self.parts,
-                            f"## Time\n\n| part | seconds |\n|---|---|\n{times}\n| total | {sum(self.times.values()):.0f} |"])
-        for path, content in ((self.path, text + "\n"),
-                              (self.path.removesuffix(".md") + ".json", json.dumps(dict(self.data, times=self.times), indent=1))):
-            with open(path + ".tmp", "w") as f:
-                f.write(content)
-            os.replace(path + ".tmp", path)
 
 
 def part_bench(s, device, dtype, autocast, peak):
@@ -142,7 +63,7 @@ def part_bench(s, device, dtype, autocast, peak):
     rows, data = [], {}
     for m in MODELS:
         try:
-            r = bench.bench(m, b, device, autocast)
+            r = time_steps(m, b, device, autocast)
         except Exception as e:  # a model that cannot train here is the finding; the others still run
             rows.append(f"| {m} | failed: {type(e).__name__}: {' '.join(str(e).split())[:300]} |")
             continue
@@ -169,8 +90,8 @@ def part_bench(s, device, dtype, autocast, peak):
 
 
 def pair_settings(s, flops):
-    """train.py settings for one model of the pair: sweep.py's gpu power laws for lr and batch, rows rounded to
-    whole micro-batches of batch_size (so the compiled graphs have bench's shapes)."""
+    """train.py settings for one model of the pair: the sweep's gpu power laws (runs.py) for lr and batch, rows
+    rounded to whole micro-batches of batch_size (so the compiled graphs have bench's shapes)."""
     p = dict(PRESETS["gpu"], dataset=s["dataset"], block_size=s["block_size"], nproc=1, micro_batch=s["batch_size"])
     out = {}
     for m in ("bert", "crossbert"):
@@ -193,10 +114,10 @@ def train_pair(s, budget):
         t0 = time.time()
         try:
             train(f"acceptance {m}", {**r, "overwrite": True}, run_dir, 1, s["compile"])
-        except SystemExit as e:  # train() reports a failed run by exiting; keep going to the report
+        except RunFailed as e:  # keep going to the report
             runs[m] = dict(error=str(e))
             continue
-        log = [json.loads(line) for line in open(os.path.join(run_dir, "log.jsonl"))]
+        log = read_log(run_dir)
         vals = [x for x in log if "val_loss" in x]
         steps = [x for x in log if "loss" in x]
         runs[m] = dict(settings=r, seconds=time.time() - t0, val_loss=vals[-1]["val_loss"], flops=vals[-1]["flops"],
@@ -211,6 +132,7 @@ def main(argv):
     s = configure(settings, argv, help_from=[__file__])
     if s["smoke"]:
         s.update({k: v for k, v in SMOKE.items() if f"--{k}" not in {a.split("=")[0] for a in argv}})
+    check_device(s["device"])
     device = torch.device(s["device"])
     dtype = fastest_dtype(device.type)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if dtype == "bfloat16" else nullcontext()
@@ -221,7 +143,7 @@ def main(argv):
     check_writable(s["work_dir"], "--work_dir")
     t_start = time.time()
     deadline = t_start + 60 * s["minutes"]
-    tasks = read_tasks(s["tasks"], s["max_train"], s["block_size"])
+    tasks = tokenized_tasks(s["tasks"], s["max_train"], s["block_size"])
     train_tokens = prepare_dataset(s["dataset"], s["corpus"])
     peak = peak_flops(device, getattr(torch, dtype))
     header = (f"# Acceptance run on {name}\n\n{time.strftime('%Y-%m-%d')}, torch {torch.__version__}"

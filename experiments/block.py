@@ -15,7 +15,6 @@ Runs (--runs): old (the block before: GELU MLP, no embedding norm, no prediction
 defaults), old+X (the old block with one part of the new: geglu, emb_norm, lm_head, decoder_bias), new-X (the new
 block without one), crossbert and electra (on the new block, at BERT's FLOPs), peer (ModernBERT).
 """
-import argparse
 import json
 import os
 import subprocess
@@ -26,7 +25,21 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from stats import fmt  # noqa: E402
+from configurator import configure
+from errors import UserError, at_least, check_writable, user_errors
+from runs import RunFailed, read_log, train
+from stats import fmt
+
+settings = dict(
+    runs="old,new,peer",      # comma-separated run names (see above)
+    seeds=3,                  # seeds 1337, 1338, ... of each run
+    corpus="web",             # a folder under data/ holding train.bin and val.bin
+    tasks=os.path.join(os.path.dirname(ROOT), "shared", "devtasks"),  # the probes' tasks: a folder of task folders
+    max_train=2000,           # training examples per task for the probes (a seeded subset)
+    work=os.path.join(ROOT, "sweep-block"),  # the runs' checkpoints and logs (not committed)
+    results=os.path.join(ROOT, "experiments", "results", "block", "results.jsonl"),  # a record a run; results.md too
+    table=False,              # only write the tables from the results
+)
 
 RECIPE = dict(model_type="bert", n_layer=4, n_head=4, n_embd=256, block_size=128, vocab_size=8192, max_iters=721,
               learning_rate=1.2956e-3, min_lr=1.2956e-4, warmup_iters=36, total_batch_size=2048, batch_size=16,
@@ -42,7 +55,7 @@ def block_of(name):
         return dict(OLD if name == "old" else NEW)
     base, sign, part = name.partition("+") if "+" in name else name.partition("-")
     if base not in ("old", "new") or part not in PARTS:
-        raise SystemExit(f"--runs: unknown run {name!r}; expected old, new, old+PART, new-PART, crossbert, electra "
+        raise UserError(f"--runs: unknown run {name!r}; expected old, new, old+PART, new-PART, crossbert, electra "
                          f"or peer, with PART one of {', '.join(PARTS)}")
     block = dict(OLD if base == "old" else NEW)
     on = sign == "+"
@@ -63,7 +76,8 @@ def settings_of(name, corpus, seed):
 
 
 def probe_pair(ckpt, tasks):
-    """Linear and kNN scores per task of a checkpoint's encoder and of its random twin (same seed's init)."""
+    """Linear and kNN scores per task of a checkpoint's encoder and of its random twin (same seed's init), and the
+    checkpoint's code."""
     from checkpoint import load_checkpoint
     from features import random_twin
     from probe import evaluate
@@ -74,11 +88,10 @@ def probe_pair(ckpt, tasks):
         L = m.config.n_layer
         r = evaluate(m.eval(), tasks, [L], verbose=False)
         out[which] = {p: {t: v["layers"][L][p]["score"] for t, v in r.items()} for p in ("linear", "knn")}
-    return out
+    return dict(out, code=ck.get("code"))  # the code that trained it
 
 
 def run_ours(name, corpus, seed, work, tasks):
-    from sweep import read_log, train
     s = settings_of(name, corpus, seed)
     out_dir = os.path.join(work, f"{corpus}-{name}-{seed}")
     if not os.path.exists(os.path.join(out_dir, "done")):  # train() resumes a run cut short from its checkpoint
@@ -159,41 +172,45 @@ def table(results):
 
 
 def main(argv):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--runs", default="old,new,peer", help="comma-separated run names (see above)")
-    p.add_argument("--seeds", type=int, default=3, help="seeds 1337, 1338, ... of each run")
-    p.add_argument("--corpus", default="web", help="a folder under data/ holding train.bin and val.bin")
-    p.add_argument("--tasks", default=os.path.join(os.path.dirname(ROOT), "shared", "devtasks"))
-    p.add_argument("--max_train", type=int, default=2000)
-    p.add_argument("--work", default=os.path.join(ROOT, "sweep-block"), help="checkpoints (not committed)")
-    p.add_argument("--results", default=os.path.join(ROOT, "experiments", "results", "block", "results.jsonl"))
-    p.add_argument("--table", action="store_true", help="only write the tables from the results")
-    a = p.parse_args(argv)
-    os.makedirs(os.path.dirname(a.results), exist_ok=True)
-    results = [json.loads(line) for line in open(a.results)] if os.path.exists(a.results) else []
-    if not a.table:
+    s = configure(settings, argv, help_from=[__file__])
+    names = s["runs"].split(",")
+    for name in names:  # every run name checked before the first run trains
+        if name != "peer":
+            block_of(name)
+    at_least(s, 1, ("seeds",))
+    check_writable(s["results"], "--results", folder=False)
+    if not s["table"]:
+        check_writable(s["work"], "--work")
+        folders = sorted(os.path.join(s["tasks"], d) for d in os.listdir(s["tasks"])
+                         if os.path.isdir(os.path.join(s["tasks"], d)))
+    os.makedirs(os.path.dirname(os.path.abspath(s["results"])), exist_ok=True)
+    results = [json.loads(line) for line in open(s["results"])] if os.path.exists(s["results"]) else []
+    if not s["table"]:
         from data.tasks import load_task
-        folders = sorted(os.path.join(a.tasks, d) for d in os.listdir(a.tasks) if os.path.isdir(os.path.join(a.tasks, d)))
         tasks = None
-        for seed in range(1337, 1337 + a.seeds):
-            for name in a.runs.split(","):
-                if any((r["run"], r["corpus"], r["seed"]) == (name, a.corpus, seed) for r in results):
+        for seed in range(1337, 1337 + s["seeds"]):
+            for name in names:
+                if any((r["run"], r["corpus"], r["seed"]) == (name, s["corpus"], seed) for r in results):
                     continue
                 if name == "peer":
-                    rec = run_peer(a.corpus, seed, a.work, a.tasks)
+                    rec = run_peer(s["corpus"], seed, s["work"], s["tasks"])
                 else:
-                    tasks = tasks or [load_task(f, max_train=a.max_train) for f in folders]
-                    rec = run_ours(name, a.corpus, seed, a.work, tasks)
+                    tasks = tasks or [load_task(f, max_train=s["max_train"]) for f in folders]
+                    try:
+                        rec = run_ours(name, s["corpus"], seed, s["work"], tasks)
+                    except RunFailed as e:  # what finished is on record, and a run cut short resumes
+                        sys.exit(f"block.py: {e}, then rerun the same command to continue")
                 results.append(rec)
-                with open(a.results, "a") as f:
+                with open(s["results"], "a") as f:
                     f.write(json.dumps(rec) + "\n")
-                print(f"{name} {a.corpus} {seed}: val {rec['val_loss']:.3f}, linear {avg(rec['trained']['linear']):.1f} "
+                print(f"{name} {s['corpus']} {seed}: val {rec['val_loss']:.3f}, linear {avg(rec['trained']['linear']):.1f} "
                       f"(twin {avg(rec['twin']['linear']):.1f}), kNN {avg(rec['trained']['knn']):.1f} "
                       f"(twin {avg(rec['twin']['knn']):.1f})", flush=True)
-    with open(os.path.join(os.path.dirname(a.results), "results.md"), "w") as f:
+    with open(os.path.join(os.path.dirname(s["results"]), "results.md"), "w") as f:
         f.write(table(results))
     print(table(results))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    with user_errors("block.py"):
+        main(sys.argv[1:])

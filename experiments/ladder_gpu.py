@@ -20,23 +20,22 @@ import time
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-from acceptance import Report, prepare_dataset, probe_model, read_tasks
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
 from checkpoint import load_checkpoint
 from configurator import configure
-from errors import UserError, check_writable, fail, user_errors
-
+from errors import UserError, check_device, check_writable, user_errors
 from features import random_twin
 from flops import param_counts
 from model import make_config
-from sweep import PRESETS, read_log, run_settings, size_budget, steps_for, train, trajectory
+from report import Report
+from runs import (PRESETS, ROOT, RunFailed, prepare_dataset, probe_model, read_families, read_log, run_settings,
+                  size_budget, steps_for, tokenized_tasks, train, trajectory)
 
 settings = dict(
     smoke=False,              # tiny rungs, the built-in corpus, a fraction of a token per parameter: checks the path
     minutes=10.0,             # the whole run's target wall time
     sizes="4x256,6x384,8x512",  # the rungs, n_layer x n_embd (heads of 64 channels), smallest first
-    families="bert,crossbert",
+    families="bert,crossbert",  # the families at each rung, FLOP-matched
     tokens_per_param=20.0,    # training tokens per BERT parameter, embeddings included (as the ladder preset)
     dataset="web",            # a folder under data/ with train.bin and val.bin ...
     corpus="../shared/corpus/web/*.parquet",  # ... prepared from these files (data/local/prepare.py) if it has none
@@ -44,9 +43,9 @@ settings = dict(
     max_train=2000,           # training examples per task for the probes, as on the CPU
     micro_batch=256,          # rows per micro-step, at most
     report="",                # "" = experiments/results/gpu/ladder-<device>.md
-    work_dir="out-ladder",
-    device="cuda" if torch.cuda.is_available() else "cpu",
-    compile=True,
+    work_dir="out-ladder",    # the runs' checkpoints and logs
+    device="cuda" if torch.cuda.is_available() else "cpu",  # cpu, cuda or cuda:N
+    compile=True,             # train.py's torch.compile
 )
 # a generous deadline: a slow CPU busy with other work must still reach the second rung
 SMOKE = dict(minutes=30.0, sizes="1x32,2x64", tokens_per_param=0.02, dataset="tinybooks", max_train=200, compile=False,
@@ -56,12 +55,13 @@ SMOKE = dict(minutes=30.0, sizes="1x32,2x64", tokens_per_param=0.02, dataset="ti
 def rungs(s):
     """[(n_layer, n_embd, n_head)] of --sizes."""
     try:
-        sizes = [tuple(int(x) for x in size.split("x")) for size in s["sizes"].split(",")]
+        sizes = [(int(L), int(C)) for L, C in (size.split("x") for size in s["sizes"].split(","))]
     except ValueError:
-        fail(f"--sizes={s['sizes']}: expected n_layer x n_embd pairs, e.g. 4x256,6x384")
+        raise UserError(f"--sizes={s['sizes']}: expected n_layer x n_embd pairs, e.g. 4x256,6x384") from None
     bad = [f"{L}x{C}" for L, C in sizes if C % 64 and C % 32]
     if bad:
-        fail(f"--sizes: {', '.join(bad)} cannot split into heads of 32 or 64 channels; use widths in steps of 32")
+        raise UserError(f"--sizes: {', '.join(bad)} cannot split into heads of 32 or 64 channels; use widths in "
+                        "steps of 32")
     return [(L, C, C // 64 if C % 64 == 0 else C // 32) for L, C in sizes]
 
 
@@ -77,7 +77,7 @@ def train_rung(s, p, size, budget):
         t0 = time.time()
         try:
             train(f"{fam}-{L}x{C}", r, run_dir, 1, s["compile"])
-        except SystemExit as e:  # a run that fails is reported, and the ladder stops there
+        except RunFailed as e:  # a run that fails is reported, and the ladder stops there
             out[fam] = dict(error=str(e))
             break
         seconds = time.time() - t0
@@ -96,7 +96,7 @@ def train_rung(s, p, size, budget):
                         probe_s=time.time() - t1, flops=ckpt["flops"], tokens=ckpt["tokens"], steps=ckpt["step"],
                         params=model.num_params(),
                         val_loss=vals[-1]["val_loss"], unigram=log[0]["unigram_loss"], layers=layers,
-                        trajectory=along, **scores)
+                        trajectory=along, code=ckpt.get("code"), **scores)  # code: what trained it
     return out
 
 
@@ -158,6 +158,8 @@ def main(argv):
     if s["smoke"]:
         s.update({k: v for k, v in SMOKE.items() if f"--{k}" not in {a.split("=")[0] for a in argv}})
     sizes = rungs(s)
+    read_families(s["families"])  # checked before the first rung
+    check_device(s["device"])
     name = torch.cuda.get_device_name(s["device"]) if s["device"].startswith("cuda") else "cpu"
     report_path = s["report"] or os.path.join(ROOT, "experiments", "results", "gpu",
                                               f"ladder-{name.replace(' ', '-')}.md")
@@ -165,7 +167,7 @@ def main(argv):
     check_writable(s["work_dir"], "--work_dir")
     t_start = time.time()
     deadline = t_start + 60 * s["minutes"]
-    s["task_data"] = read_tasks(s["tasks"], s["max_train"], 128)
+    s["task_data"] = tokenized_tasks(s["tasks"], s["max_train"], 128)
     corpus_tokens = prepare_dataset(s["dataset"], s["corpus"])
     p = dict(PRESETS["ladder"], sizes=sizes, flops=[0] * len(sizes), tokens_per_param=s["tokens_per_param"],
              dataset=s["dataset"], nproc=1, micro_batch=s["micro_batch"])

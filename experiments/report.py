@@ -1,12 +1,14 @@
 """
-The sweep's report, from its results.jsonl records: results.md (trained against random init, the crossing, the
-families at equal FLOPs, every run) and, with matplotlib (optional: pip install matplotlib), the plots.
+The experiments' reports. The sweep's, from its results.jsonl records: results.md (trained against random init, the
+crossing, the families at equal FLOPs, every run) and, with matplotlib (optional: pip install matplotlib), the plots.
+The GPU runs' (acceptance.py, ladder_gpu.py): a markdown file and its JSON twin, rewritten as each part ends.
 """
-import importlib.util
+import json
 import os
 
 import numpy as np
 
+from errors import optional
 from flops import param_counts
 from model import MODELS, make_config
 from stats import fmt, trend, verdict
@@ -239,10 +241,9 @@ def table(results):
 
 
 def plots(results, out_dir):
-    """Draws the sweep's figures into out_dir; returns their file names (none without matplotlib, an optional extra)."""
-    if importlib.util.find_spec("matplotlib") is None:
-        return []
-    import matplotlib
+    """Draws the sweep's figures into out_dir; returns their file names. Without matplotlib (an optional extra), a
+    UserError that names the pip command."""
+    matplotlib = optional("matplotlib", "drawing the sweep's plots")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     colors = dict(zip(MODELS, ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange")))
@@ -416,3 +417,29 @@ def plot_along(plt, results, colors, out_dir):
         fig.savefig(os.path.join(out_dir, f"layers-{shape}.png"), dpi=120)
         written.append(f"layers-{shape}.png")
     return written
+
+
+# -----------------------------------------------------------------------------
+# The GPU runs' report
+
+
+class Report:
+    """The markdown report and its JSON twin, rewritten after every part."""
+
+    def __init__(self, path, header):
+        self.path, self.header, self.parts, self.data, self.times = path, header, [], {}, {}
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+
+    def add(self, name, seconds, markdown, data=None):
+        self.times[name] = round(seconds, 1)
+        if markdown:
+            self.parts.append(markdown)
+        self.data[name] = data
+        times = "\n".join(f"| {k} | {v:.0f} |" for k, v in self.times.items())
+        text = "\n\n".join([self.header, *self.parts,
+                            f"## Time\n\n| part | seconds |\n|---|---|\n{times}\n| total | {sum(self.times.values()):.0f} |"])
+        for path, content in ((self.path, text + "\n"),
+                              (self.path.removesuffix(".md") + ".json", json.dumps(dict(self.data, times=self.times), indent=1))):
+            with open(path + ".tmp", "w") as f:
+                f.write(content)
+            os.replace(path + ".tmp", path)

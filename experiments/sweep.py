@@ -21,100 +21,31 @@ Axes besides the main BERT-vs-CrossBERT comparison (the paper's ablations), at o
             the "2x sample efficiency" claim, as val loss against unique training tokens
   predictor CrossBERT's predictor depth, at the same FLOPs
 """
-import importlib.util
 import json
 import os
-import subprocess
 import sys
 import time
 
 import numpy as np
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo root: train.py, data/
-sys.path.insert(0, ROOT)
-from checkpoint import load_checkpoint
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+from checkpoint import code_version, load_checkpoint
 from configurator import configure
-from errors import UserError, at_least, check_writable, fail, user_errors
+from errors import UserError, at_least, check_device, check_writable, optional, user_errors
 from data.tasks import load_task, task_list
 from features import random_twin
-from flops import budget_steps, param_counts, training_flops
+from flops import param_counts
 from model import MODELS, make_config
 from report import plots, summarize, write_markdown
-
-# -----------------------------------------------------------------------------
-# Presets. Power laws: lr = lr0 * (F / F0) ** LR_EXP and batch = batch0 * (F / F0) ** BATCH_EXP tokens, with
-# DeepSeek LLM's fitted exponents (the paper fits such laws on its 50M-700M models and does not print them;
-# our choice), anchored at (F0, lr0, batch0): the CPU recipe (docs/cpu-recipe.md), or the GPU base configs.
-LR_EXP, BATCH_EXP = -0.125, 0.327
-PRESETS = {
-    "cpu": dict(
-        dataset="tinybooks", block_size=128, vocab_size=8192, dtype="",   # "" = train.py's default dtype
-        sizes=[(2, 64, 2), (4, 128, 4), (4, 192, 4)],                     # (n_layer, n_embd, n_head)
-        flops=[4e12, 1.6e13, 6.4e13],          # explicit training-FLOP budgets, one per size (0 = tokens_per_param)
-        tokens_per_param=20,
-        anchor=(1.6e13, 2e-3, 2048),           # (F0, lr0, batch0 tokens)
-        ablation_size=1,                       # index into sizes
-        flops_per_s=1.5e11,                    # achieved training FLOP/s on 2 CPU cores (bf16), for the time estimate,
-        step_s=0.05,                           # + a fixed cost per step (small models are overhead-bound on CPUs)
-        overhead_s=75,                         # + per run: compilation, validation, probing
-        micro_batch=16,                        # rows per micro-step, at most (train.py's default)
-        probe_max_train=2000, eval_interval=100, nproc=1,
-    ),
-    "cpu-gutenberg": dict(  # the long CPU preset: one shape, doubling budgets, up to the crossing (docs/experiments.md)
-        dataset="gutenberg", block_size=128, vocab_size=8192, dtype="",
-        sizes=[(4, 256, 4)] * 5,
-        flops=[3.4e13, 6.8e13, 1.35e14, 2.7e14, 5.4e14],
-        tokens_per_param=20,
-        anchor=(2.7e14, 1e-3, 4096),           # the 4 x 256 recipe that beat its random twins once (docs/results.md)
-        ablation_size=None,                    # no ablations: the budget axis is the point
-        flops_per_s=3.0e11,                    # achieved on 2 cores with native bf16, 4 x 256 (about 460 ms a step)
-        step_s=0.02,
-        overhead_s=240,
-        micro_batch=16,
-        probe_max_train=2000, eval_interval=200, nproc=1,
-        seeds=3,
-    ),
-    "ladder": dict(  # the paper's axis: model size at 20 training tokens per parameter, on web text (docs/experiments.md)
-        dataset="web", block_size=128, vocab_size=8192, dtype="",
-        sizes=[(2, 128, 2), (3, 192, 3), (4, 256, 4)],
-        flops=[0, 0, 0],                       # all from tokens_per_param: 20 tokens per BERT parameter, embeddings
-                                               # included (the paper's model sizes count them; show_plan prints both)
-        tokens_per_param=20,
-        anchor=(3.4e13, 1.2956e-3, 2048),      # the block's recipe (4 x 256, docs/block.md): lr and batch scale from it
-        ablation_size=None,
-        families="bert,crossbert",             # ELECTRA with --families=bert,crossbert,electra
-        flops_per_s=3.0e11,                    # achieved on 2 cores with native bf16 at 4 x 256 (docs/block.md)
-        step_s=0.03,
-        overhead_s=420,                        # probing: the devtasks, GLUE and STS, for the run and its twin
-        micro_batch=16,
-        probe_max_train=2000, eval_interval=500, nproc=1,
-        seeds=1,                               # seed 0 of every rung first; then --seeds=3 where the verdict is close
-        snapshots=6,                           # probes along training at 1/32, 1/16, .., 1/2 of the budget and its end,
-        snapshot_probe_s=30,                   # + per snapshot: the devtasks probed at every layer (2 x 128, 2 cores)
-    ),
-    "gpu": dict(
-        dataset="dclm", block_size=512, vocab_size=0, dtype="",
-        sizes=[(8, 512, 8), (12, 768, 12), (16, 1024, 16), (24, 1280, 20), (24, 1600, 25)],   # ~50M to ~800M
-        flops=[0, 0, 0, 0, 0],
-        tokens_per_param=20,
-        anchor=(2e18, 1e-3, 262144),           # config/base_*_dclm.py: BERT-base size, 2.6B tokens
-        ablation_size=1,
-        flops_per_s=8 * 989e12 * 0.35,         # 8 H100/H200 at 35% MFU
-        step_s=0.0,
-        overhead_s=300,
-        # rows per micro-step per GPU, at most: 64 rows of the largest size took 65 (BERT), 97 (CrossBERT) and
-        # 75 GiB (ELECTRA) at peak on one H200 (eager bf16, experiments/results/gpu/); on 80 GB GPUs pass --micro_batch=32
-        micro_batch=64,
-        probe_max_train=20000, eval_interval=1000, nproc=8,
-    ),
-}
+from runs import (PRESETS, ROOT, RunFailed, read_families, read_log, run_settings, size_budget, steps_for, train,
+                  trajectory)
 
 settings = dict(
-    preset="cpu",
+    preset="cpu",             # cpu, cpu-gutenberg, ladder or gpu: sizes, budgets, corpus, hardware (runs.py's PRESETS)
     out_dir="",               # "" = sweep-<preset>
-    dry_run=False,
-    axes="main,mask,cms,predictor",
+    dry_run=False,            # print the plan (runs, FLOPs, steps, batch, lr, estimated time) and train nothing
+    axes="main,mask,cms,predictor",  # the main comparison and the ablations at one size (see above)
     families="",              # the models of the main comparison, e.g. bert,crossbert,electra; "" = the preset's (all three
                               # unless it says)
     seeds=0,                  # training seeds per main run (train.py's seed 1337, 1338, ...); 0 = the preset's
@@ -123,37 +54,15 @@ settings = dict(
     tasks="../shared/devtasks",  # the primary instrument, averaged as linear_avg/knn_avg: task folders (train.tsv,
                                  # dev.tsv), or a folder of them
     glue_tasks="SST-2,CoLA,MRPC,STS-B,RTE,WNLI",  # the paper's table, as glue_linear_avg/glue_knn_avg; "" = skip
-    glue_dir="../shared/glue",
+    glue_dir="../shared/glue",  # GLUE's task folders; "" = from the hub
     sts="../shared/glue/STS-B",               # zero-shot STS (embed.py); "" = skip
     nproc=0,                  # processes per run (torchrun); 0 = the preset's
     micro_batch=0,            # rows per micro-step per process, at most; 0 = the preset's (what fits its device)
     random_seeds=3,           # random-init twins per family and shape (at least one per training seed): twin i holds
                               # the initial weights of training seed i, so each run is compared with where it started
-    compile=True,
+    compile=True,             # train.py's torch.compile
     device="cuda" if torch.cuda.is_available() else "cpu",  # where checkpoints and their twins are probed
 )
-
-
-def split_batch(tokens, block_size, nproc, cap):
-    """(total_batch_size, micro-batch rows): whole rows near `tokens`, split evenly over the processes, each
-    process's rows cut into the fewest equal micro-steps of at most `cap` rows. Rows are rounded to make the
-    micro-steps equal, so a micro-batch is never a small divisor of an awkward row count."""
-    rows = max(1, round(tokens / (block_size * nproc)))  # per process
-    micro_steps = -(-rows // cap)
-    micro = -(-rows // micro_steps)
-    return micro * micro_steps * nproc * block_size, micro
-
-
-def run_settings(p, n_layer, n_embd, n_head, model_type, flops, **extra):
-    """train.py settings for one run with a FLOP budget: lr and batch from the power laws."""
-    F0, lr0, batch0 = p["anchor"]
-    total, micro = split_batch(batch0 * (flops / F0) ** BATCH_EXP, p["block_size"], p["nproc"], p["micro_batch"])
-    s = dict(model_type=model_type, n_layer=n_layer, n_embd=n_embd, n_head=n_head, block_size=p["block_size"],
-             dataset=p["dataset"], vocab_size=p["vocab_size"], max_flops=float(flops),
-             learning_rate=lr0 * (flops / F0) ** LR_EXP, total_batch_size=total, batch_size=micro)
-    s.update(min_lr=s["learning_rate"] / 10, **extra)
-    s["warmup_iters"] = max(1, steps_for(s)[0] // 20)  # 5% of the run
-    return s
 
 
 def accumulation(s, nproc):
@@ -161,27 +70,9 @@ def accumulation(s, nproc):
     return s["total_batch_size"] // s["block_size"] // nproc // s["batch_size"]
 
 
-def steps_for(s):
-    """How many steps train.py will take: the most that fit in max_flops, or max_iters."""
-    rows = s["total_batch_size"] // s["block_size"]
-    per_step = training_flops(make_config(s), s["model_type"], rows)
-    return budget_steps(s["max_flops"], per_step) if s.get("max_flops") else s["max_iters"], per_step
-
-
 def short(flops):
     """A FLOP budget to 2 digits, as run names and --budgets write it: 1.35e14 -> 1.4e14."""
     return f"{flops:.2g}".replace("e+", "e")
-
-
-def size_budget(p, i):
-    """The training FLOPs of the preset's i-th size: its explicit budget, or tokens_per_param tokens per
-    parameter, counted on BERT (the baseline every budget is quoted for)."""
-    if p["flops"][i]:
-        return p["flops"][i]
-    L, C, H = p["sizes"][i]
-    cfg = make_config(dict(model_type="bert", n_layer=L, n_embd=C, n_head=H, block_size=p["block_size"],
-                           vocab_size=p["vocab_size"]))
-    return p["tokens_per_param"] * param_counts(cfg, "bert")[0] * training_flops(cfg, "bert") / cfg.block_size
 
 
 def plan(p, axes, families=tuple(MODELS), seeds=1, budgets=None):
@@ -222,28 +113,6 @@ def plan(p, axes, families=tuple(MODELS), seeds=1, budgets=None):
 # Running and probing
 
 
-def train(name, s, run_dir, nproc, compile):
-    """Train one run (or resume it from its checkpoint); its log goes to run_dir/train.log."""
-    args = {**s, "out_dir": run_dir, "compile": compile,
-            "init_from": "resume" if os.path.exists(os.path.join(run_dir, "ckpt.pt")) else "scratch"}
-    launcher = [sys.executable, "train.py"] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py"]
-    cmd = launcher + [f"--{k}={v}" for k, v in args.items() if v != ""]
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "train.log"), "a") as f:
-        f.write(" ".join(cmd) + "\n")
-        f.flush()
-        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
-    if done.returncode:
-        sys.exit(f"sweep: run {name} failed (exit {done.returncode}); see {run_dir}/train.log, then rerun "
-                 "the same command to continue the sweep")
-
-
-def read_log(run_dir):
-    with open(os.path.join(run_dir, "log.jsonl")) as f:
-        return [json.loads(line) for line in f]
-
-
 def by_layer(model, tasks, glue_dir, max_train, layers):
     """{layer: {"TASK/linear": %, "TASK/knn": %, ..., "linear_avg": %, "knn_avg": %}} of the frozen probes on each
     of `layers` (0 = the token embeddings, n_layer = the last), from one pass of the model over each task."""
@@ -273,17 +142,6 @@ def evaluate(model, tasks, glue_tasks, glue_dir, sts, max_train, layers=False):
     return (scores, every) if layers else scores
 
 
-def trajectory(run_dir, device, probe):
-    """The probes along training: for each snapshot train.py kept (snapshots=N), its step, tokens, FLOPs, val loss
-    and probe(model), its scores by layer. The end of the run is the run's own record, its start the twin."""
-    folder, points = os.path.join(run_dir, "snapshots"), []
-    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
-        model, ckpt = load_checkpoint(os.path.join(folder, name), device)
-        points.append(dict(step=ckpt["step"], tokens=ckpt["tokens"], flops=ckpt["flops"], val_loss=ckpt["val_loss"],
-                           layers=probe(model)))
-    return points
-
-
 # -----------------------------------------------------------------------------
 # Command line
 
@@ -293,30 +151,30 @@ def read_plan(argv):
     its overrides, and the plan."""
     s = configure(settings, argv, help_from=[__file__])
     if s["preset"] not in PRESETS:
-        fail(f"--preset={s['preset']!r}: expected one of {', '.join(PRESETS)}")
+        raise UserError(f"--preset={s['preset']!r}: expected one of {', '.join(PRESETS)}")
     p = dict(PRESETS[s["preset"]])
     at_least(s, 0, ("nproc", "micro_batch", "seeds"), " (0 = the preset's)")
     at_least(s, 0, ("random_seeds",))
+    check_device(s["device"])
     p.update(nproc=s["nproc"] or p["nproc"], micro_batch=s["micro_batch"] or p["micro_batch"])
     s.update(seeds=s["seeds"] or p.get("seeds", 1), out_dir=s["out_dir"] or f"sweep-{s['preset']}")
-    families = (s["families"] or p.get("families", ",".join(MODELS))).split(",")
-    unknown = [f for f in families if f not in MODELS]
-    if unknown:
-        fail(f"--families: unknown {', '.join(unknown)}; expected a comma-separated subset of {','.join(MODELS)}")
+    families = read_families(s["families"] or p.get("families", ",".join(MODELS)))
     unknown = [a for a in s["axes"].split(",") if a not in ("main", "mask", "cms", "predictor")]
     if unknown:  # an axis spelled wrong would leave it out of the plan, silently
-        fail(f"--axes: unknown {', '.join(unknown)}; expected a comma-separated subset of main,mask,cms,predictor")
+        raise UserError(f"--axes: unknown {', '.join(unknown)}; expected a comma-separated subset of "
+                        "main,mask,cms,predictor")
     budgets = None
     if s["budgets"]:
         everything = [short(size_budget(p, i)) for i in range(len(p["sizes"]))]
         try:
             budgets = {short(float(b)) for b in s["budgets"].split(",")}
         except ValueError:
-            fail(f"--budgets={s['budgets']}: expected comma-separated FLOP counts, e.g. --budgets=2.7e14")
+            raise UserError(f"--budgets={s['budgets']}: expected comma-separated FLOP counts, e.g. "
+                            "--budgets=2.7e14") from None
         unknown = sorted(budgets - set(everything), key=float)
         if unknown:
-            fail(f"--budgets: {', '.join(unknown)} not in preset {s['preset']}; its budgets are "
-                 f"{','.join(dict.fromkeys(everything))}")
+            raise UserError(f"--budgets: {', '.join(unknown)} not in preset {s['preset']}; its budgets are "
+                            f"{','.join(dict.fromkeys(everything))}")
     return s, p, plan(p, s["axes"].split(","), families, s["seeds"], budgets)
 
 
@@ -352,23 +210,25 @@ def read_tasks(s, p):
     """The probes' task lists (--tasks, --glue_tasks), every task read now and every other input and the output
     folder checked, so that bad input stops the sweep before its first run, not after it."""
     if s["glue_dir"] and not os.path.isdir(s["glue_dir"]):
-        fail(f"--glue_dir={s['glue_dir']} is not a folder; pass a GLUE folder (TASK/train.tsv, dev.tsv), "
-             "or --glue_dir= (empty) to load GLUE from the hub, or --tasks= with your own task folders")
+        raise UserError(f"--glue_dir={s['glue_dir']} is not a folder; pass a GLUE folder (TASK/train.tsv, dev.tsv), "
+                        "or --glue_dir= (empty) to load GLUE from the hub, or --tasks= with your own task folders")
     if s["sts"] and not os.path.exists(s["sts"]):
-        fail(f"--sts={s['sts']} does not exist; pass STS-B's folder, or --sts= (empty) to skip zero-shot STS")
+        raise UserError(f"--sts={s['sts']} does not exist; pass STS-B's folder, or --sts= (empty) to skip "
+                        "zero-shot STS")
     tasks, glue_tasks = task_list(s["tasks"]), task_list(s["glue_tasks"])
     if not tasks:
-        fail("--tasks is empty: the sweep needs the tasks its primary average is taken over")
+        raise UserError("--tasks is empty: the sweep needs the tasks its primary average is taken over")
     check_writable(s["out_dir"], "--out_dir")
     if p["dataset"] != "tinybooks" and not os.path.exists(os.path.join(ROOT, "data", p["dataset"], "val.bin")):
-        fail(f"data/{p['dataset']} is not prepared; prepare it first, e.g. python data/local/prepare.py "
-             f"--input=../shared/corpus/{p['dataset']} --out_dir=data/{p['dataset']} (or a data/<corpus>/prepare.py)")
+        raise UserError(f"data/{p['dataset']} is not prepared; prepare it first, e.g. python data/local/prepare.py "
+                        f"--input=../shared/corpus/{p['dataset']} --out_dir=data/{p['dataset']} (or a "
+                        "data/<corpus>/prepare.py)")
     for option, names in (("--tasks", tasks), ("--glue_tasks", glue_tasks)):
         try:
             for task in names:
                 load_task(task, s["glue_dir"] or None, p["probe_max_train"])
         except UserError as e:
-            fail(f"{option}: {e}")
+            raise UserError(f"{option}: {e}") from None
     return tasks, glue_tasks
 
 
@@ -386,8 +246,12 @@ def main(argv):
         with open(results_path) as f:
             results = [json.loads(line) for line in f]
     done, on_record, written = {r["name"] for r in results}, len(results), []
-    if importlib.util.find_spec("matplotlib") is None:
-        print("sweep: matplotlib is not installed (pip install matplotlib); skipping the plots", file=sys.stderr)
+    try:  # the plots are an optional extra: the sweep runs and records without them
+        optional("matplotlib", "drawing the sweep's plots")
+        draw = plots
+    except UserError as e:
+        print(f"sweep: {e}; skipping them", file=sys.stderr)
+        draw = lambda results, out_dir: []
 
     def record(r):  # every run is kept as it finishes, the table and plots follow: a sweep stopped part way has all
         results.append(r)
@@ -395,7 +259,7 @@ def main(argv):
         with open(results_path, "a") as f:
             f.write(json.dumps(r) + "\n")
         write_markdown(results, out_dir)
-        written[:] = plots(results, out_dir)
+        written[:] = draw(results, out_dir)
 
     along = bool(p.get("snapshots"))  # probes along training and across layers (the ladder)
     score = lambda m: evaluate(m, tasks, glue_tasks, s["glue_dir"], s["sts"], p["probe_max_train"], along)
@@ -413,7 +277,10 @@ def main(argv):
         if name not in done:
             t0 = time.time()
             print(f"sweep: training {name} ...", flush=True)
-            train(name, {**rs, **extra}, run_dir, p["nproc"], s["compile"])
+            try:
+                train(name, {**rs, **extra}, run_dir, p["nproc"], s["compile"])
+            except RunFailed as e:  # what finished is on record, and a run cut short resumes from its checkpoint
+                sys.exit(f"sweep.py: {e}, then rerun the same command to continue the sweep")
             t1 = time.time()
             model, ckpt = load_checkpoint(os.path.join(run_dir, "ckpt.pt"), s["device"])
             log = read_log(run_dir)
@@ -421,7 +288,8 @@ def main(argv):
             r = dict(name=name, cell=name.removesuffix(f"-s{seed}") if seed else name, seed=seed, shape=shape,
                      axis=axis, model_type=rs["model_type"], settings=rs, params=model.num_params(),
                      flops=ckpt["flops"], tokens=ckpt["tokens"], steps=ckpt["step"], val_loss=vals[-1]["val_loss"],
-                     unigram_loss=next(x["unigram_loss"] for x in log if "unigram_loss" in x), log=vals)
+                     unigram_loss=next(x["unigram_loss"] for x in log if "unigram_loss" in x), log=vals,
+                     code=ckpt.get("code"))  # the code that trained it (None before checkpoints recorded it)
             r.update(layered(model))
             if along:
                 every = list(range(model.config.n_layer + 1))
@@ -448,7 +316,8 @@ def main(argv):
                 model, _ = load_checkpoint(ckpt_path, s["device"])
             r = dict(name=twin, cell=f"random-{rs['model_type']}-{shape}", seed=k, shape=shape, axis="random",
                      model_type=rs["model_type"], settings=rs, params=model.num_params(), flops=0, tokens=0, steps=0,
-                     val_loss=None, unigram_loss=None, log=[], **layered(random_twin(model, 1337 + k)))
+                     val_loss=None, unigram_loss=None, log=[], code=code_version(),  # the code that made it
+                     **layered(random_twin(model, 1337 + k)))
             record(r)
             print(f"sweep: {twin}: linear {r['scores']['linear_avg']:.1f}, kNN {r['scores']['knn_avg']:.1f}", flush=True)
 
@@ -458,7 +327,7 @@ def main(argv):
               file=sys.stderr)
     write_markdown(results, out_dir)
     if len(results) == on_record:  # nothing finished in this call (a finished sweep run again): plot what is on record
-        written = plots(results, out_dir)
+        written = draw(results, out_dir)
     print(summarize(results))
     print(f"sweep: wrote {out_dir}/results.jsonl, results.md" + "".join(f", {w}" for w in written))
 

@@ -1,4 +1,4 @@
-"""acceptance.py --smoke: the GPU acceptance run's whole path on tiny shapes, on the CPU."""
+"""acceptance.py --smoke: the GPU acceptance run's whole path on tiny shapes, on the CPU; bad input in one line."""
 import json
 import os
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import tiny_tasks
+from conftest import script_error, tiny_tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -34,3 +34,15 @@ def test_smoke_run_writes_the_report(tmp_path):
         assert set(scores) == {"topic", "mood", "linear_avg", "knn_avg"}
         assert scores["linear_avg"] == pytest.approx((scores["topic"]["linear"] + scores["mood"]["linear"]) / 2)
     assert set(data["times"]) >= {"bench", "random twins", "pair training", "trained probes"}
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--device=tpu"], "--device='tpu': expected cpu or cuda[:N]"),
+    (["--tasks={w}/none"], "--tasks: "),
+])
+def test_bad_input_is_one_line(args, message, tmp_path, monkeypatch, capsys):
+    args = [a.replace("{w}", str(tmp_path)) for a in args]
+    report = tmp_path / "report" / "cpu.md"
+    assert message in script_error(monkeypatch, capsys, "experiments/acceptance.py", "--smoke", "--device=cpu",
+                                   f"--report={report}", f"--work_dir={tmp_path / 'work'}", *args)
+    assert not report.parent.exists() and not (tmp_path / "work").exists()

@@ -1,4 +1,5 @@
-"""bench.py end to end on a tiny shape: the three models side by side, their ratios from flops.py."""
+"""bench.py end to end on a tiny shape: the three models side by side, their ratios from flops.py; the peak and MFU;
+bad input in one line."""
 import itertools
 import json
 import os
@@ -8,6 +9,7 @@ import sys
 
 import pytest
 
+from conftest import script_error
 from flops import flops_per_position
 from model import ModelConfig
 
@@ -62,3 +64,11 @@ def test_mfu_cannot_pass_100_percent():
     assert checked_peak(5.0, 4.0, never) == 5.0                # below the peak: kept
     assert checked_peak(1.0, 4.0, lambda: 6.0) == 6.0          # beaten: measured again, on a quiet machine
     assert checked_peak(1.0, 4.0, lambda: 2.0) == 4.0          # still busy: at least what the run achieved
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--device=tpu"], "--device='tpu': expected cpu or cuda[:N]"),
+    (["--dtype=float16"], "--dtype='float16': expected float32 or bfloat16"),
+])
+def test_bad_input_is_one_line(args, message, monkeypatch, capsys):
+    assert message in script_error(monkeypatch, capsys, "bench.py", *args)

@@ -1,10 +1,19 @@
+"""block.py: run names to blocks, the families at BERT's FLOPs, the tables paired by seed; its command line."""
+import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
 import block
+from conftest import script_error
+from errors import UserError
 from flops import training_flops
 from model import make_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_run_names_are_blocks():
@@ -14,7 +23,7 @@ def test_run_names_are_blocks():
     assert block.block_of("new-lm_head") == {**block.NEW, "lm_head": False}
     assert block.block_of("new-geglu") == {**block.NEW, "mlp": "gelu"}
     assert block.block_of("crossbert") == block.NEW
-    with pytest.raises(SystemExit, match=re.escape("unknown run 'old+swiglu'")):
+    with pytest.raises(UserError, match=re.escape("unknown run 'old+swiglu'")):
         block.block_of("old+swiglu")
 
 
@@ -49,3 +58,33 @@ def test_table_pairs_runs_by_seed():
     assert rows["crossbert − new"].endswith("| +2.0 (1 seed) | +6.0 (1 seed) |")
     assert {"crossbert − old", "crossbert − peer"} <= set(rows) and "new − crossbert" not in rows
     assert "| old | 3 | 47.0 | 6.033 ± 0.058 | 55.0 ± 1.0 | 60.0 ± 0.0 | -5.0 [-7.5, -2.5] |" in text
+
+
+def test_table_alone_writes_the_tables_from_the_results(tmp_path, capsys):
+    results = tmp_path / "block" / "results.jsonl"
+    results.parent.mkdir()
+    rows = (record("old", 1, 6.0, 55, 43), record("new", 1, 6.1, 60, 44))
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    block.main(["--table", f"--results={results}", f"--work={tmp_path / 'work'}"])  # a bare --flag turns it on
+    assert (tmp_path / "block" / "results.md").read_text() == block.table([json.loads(x) for x in open(results)])
+    assert "| new − old | 1 |" in capsys.readouterr().out and not (tmp_path / "work").exists()
+
+
+def test_help_lists_the_settings():
+    out = subprocess.run([sys.executable, "experiments/block.py", "--help"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("The block's ablation"), out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.split()[:1] == ["--runs=old,new,peer"])
+    assert "comma-separated run names" in row and "--table=False" in out.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--runs=old,old+swiglu"], "--runs: unknown run 'old+swiglu'"),
+    (["--seeds=0"], "--seeds=0: must be at least 1"),
+    (["--table=yes"], "table must be a bool"),
+])
+def test_bad_input_is_one_line(args, message, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    assert message in script_error(monkeypatch, capsys, "experiments/block.py", *args, f"--work={out / 'work'}",
+                                   f"--results={out / 'results.jsonl'}")
+    assert not out.exists()

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import script_error
 from data import corpus
 from data.corpus import read_files, write_bins
 from data.loader import TokenWindows
@@ -117,6 +118,33 @@ def test_prepare_command_line(tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     assert "d.parquet has no column 'body' (its columns: text); pass --text_key=" in r.stderr
     assert not (tmp_path / "out2").exists()
+
+
+@pytest.mark.parametrize("script,begins,setting,comment", [
+    ("data/local/prepare.py", "Tokenise your own text", "--val_every=100", "every Nth document goes to val.bin"),
+    ("data/fineweb_edu/prepare.py", "FineWeb-Edu", "--name=sample-10BT", "the dataset's config"),
+    ("data/dclm/prepare.py", "DCLM-baseline", "--max_tokens=1000000000", "a token budget"),
+    ("data/tinybooks/prepare.py", "tinybooks", "--out_dir=", "where train.bin, val.bin and meta.json go"),
+])
+def test_prepare_help_lists_the_settings(script, begins, setting, comment):
+    """--help: the script's docstring, then the settings with its own defaults and the comments in data/corpus.py."""
+    r = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith(begins), r.stdout + r.stderr
+    row = next(line for line in r.stdout.splitlines() if line.strip().startswith(setting))
+    assert comment in row
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "pass --input= a folder, file or glob"),
+    (["--input={w}/in", "--val_every=often"], "--val_every=often: val_every must be a int"),
+    (["--input={w}/in", "--max_tokens=0"], "--max_tokens=0: must be at least 1 (leave it out for no budget)"),
+    (["--input={w}/in", "--out_dir"], "--out_dir: expected --key=value"),
+])
+def test_prepare_bad_settings_are_one_line(args, message, tmp_path, monkeypatch, capsys):
+    make_corpus(tmp_path / "in")
+    args = [a.replace("{w}", str(tmp_path)) for a in args]
+    assert message in script_error(monkeypatch, capsys, "data/local/prepare.py", f"--out_dir={tmp_path / 'out'}", *args)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "binary", "invalid utf-8", "bad json", "no text field",

@@ -1,4 +1,4 @@
-"""ladder_gpu.py --smoke: the GPU ladder's whole path on tiny rungs, on the CPU."""
+"""ladder_gpu.py --smoke: the GPU ladder's whole path on tiny rungs, on the CPU; bad input in one line."""
 import json
 import os
 import subprocess
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import tiny_tasks
+from conftest import script_error, tiny_tasks
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,6 +41,7 @@ def test_smoke_ladder_writes_each_rung(tmp_path):
         steps = [p["step"] for p in r["trajectory"]]  # five snapshots, halvings back from the end
         assert steps == [max(1, round(r["steps"] / 2 ** k)) for k in (5, 4, 3, 2, 1)]
         assert all(p["flops"] < r["flops"] and p["val_loss"] > 0 and len(p["layers"]) == 3 for p in r["trajectory"])
+        assert "code" in r  # its checkpoint's: the code that trained it
 
 
 def test_estimate_scales_the_steps_not_the_fixed_costs():
@@ -59,3 +60,16 @@ def test_a_rung_that_cannot_fit_is_not_started(tmp_path):
     md, data = run(tmp_path, "--minutes=0.03")
     assert "1x32" in data and "2x64" not in data
     assert "## 2 x 64: not run" in md and "exceeds the" in md
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--device=tpu"], "--device='tpu': expected cpu or cuda[:N]"),
+    (["--sizes=4x256x2"], "--sizes=4x256x2: expected n_layer x n_embd pairs"),
+    (["--sizes=2x100"], "--sizes: 2x100 cannot split into heads of 32 or 64 channels"),
+    (["--families=bert,roberta"], "--families: unknown roberta"),
+])
+def test_bad_input_is_one_line(args, message, tmp_path, monkeypatch, capsys):
+    report = tmp_path / "report" / "ladder-cpu.md"
+    assert message in script_error(monkeypatch, capsys, "experiments/ladder_gpu.py", "--smoke", "--device=cpu",
+                                   f"--report={report}", f"--work_dir={tmp_path / 'work'}", *args)
+    assert not report.parent.exists() and not (tmp_path / "work").exists()

@@ -1,6 +1,10 @@
-"""noise.py: the spread of the probe averages over seeds, and the smallest difference it lets a test detect."""
+"""noise.py: the spread of the probe averages over seeds, and the smallest difference it lets a test detect; its
+command line."""
 import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -8,7 +12,10 @@ import pytest
 import noise
 from checkpoint import save_checkpoint
 from model import CrossBERT, ModelConfig
+from conftest import script_error
 from stats import T95
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_noise_measures_each_source_and_writes_every_score(tmp_path, capsys):
@@ -36,3 +43,24 @@ def test_noise_measures_each_source_and_writes_every_score(tmp_path, capsys):
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| 3 |"))
     assert [float(x) for x in row.strip("|").split("|")[1:]] == pytest.approx(
         [T95[4] * s * math.sqrt(2 / 3) for s in worst], abs=0.006)
+
+
+def test_help_lists_the_settings():
+    out = subprocess.run([sys.executable, "experiments/noise.py", "--help"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("The instrument's noise"), out.stderr
+    row = next(line for line in out.stdout.splitlines() if line.split()[:1] == ["--init_seeds=5"])
+    assert "random twins of --like" in row
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--device=tpu"], "--device='tpu': expected cpu or cuda[:N]"),
+    ([], "--like: pass a checkpoint"),
+    (["--probe_seeds=1"], "--init_seeds and --probe_seeds: at least 2 each"),
+    (["--max_train=many"], "max_train must be a int"),
+])
+def test_bad_input_is_one_line(args, message, tmp_path, monkeypatch, capsys):
+    like = [f"--like={tmp_path / 'ckpt.pt'}"] if args else []  # checked before the checkpoint is read
+    assert message in script_error(monkeypatch, capsys, "experiments/noise.py", *like, *args,
+                                   f"--out={tmp_path / 'out' / 'noise.json'}")
+    assert not (tmp_path / "out").exists()

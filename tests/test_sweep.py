@@ -1,9 +1,10 @@
-"""sweep.py: the plan, matched budgets, --dry_run, and resuming without retraining; report.py's tables and stats.py's
-intervals and trends."""
+"""sweep.py: the plan, matched budgets, --dry_run, and resuming without retraining; runs.py's presets and power laws;
+report.py's tables and plots; stats.py's intervals and trends; what a record says of the code behind it."""
 import importlib.util
 import json
 import os
 import shutil
+import sys
 import warnings
 
 import numpy as np
@@ -11,9 +12,15 @@ import pytest
 import torch
 
 import report
+import runs
 import stats
 import sweep
+from checkpoint import code_version, save_checkpoint
 from conftest import script_error, tiny_tasks
+from errors import user_errors
+from features import random_twin
+from flops import param_counts, training_flops
+from model import MODELS, make_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,24 +35,24 @@ def test_dry_run_trains_nothing(tmp_path, capsys):
 
 @pytest.mark.parametrize("preset", ["cpu", "gpu"])
 def test_pairs_are_matched_on_flops(preset):
-    p = sweep.PRESETS[preset]
-    runs = {name: s for name, axis, s in sweep.plan(p, ["main", "mask", "cms", "predictor"])}
-    for name, s in runs.items():
+    p = runs.PRESETS[preset]
+    planned = {name: s for name, axis, s in sweep.plan(p, ["main", "mask", "cms", "predictor"])}
+    for name, s in planned.items():
         if name.startswith("bert-") and name.count("-") == 1:
-            trio = [s, runs["cross" + name], runs["electra" + name.removeprefix("bert")]]
-            spent = [sweep.steps_for(x)[0] * sweep.steps_for(x)[1] for x in trio]
+            trio = [s, planned["cross" + name], planned["electra" + name.removeprefix("bert")]]
+            spent = [runs.steps_for(x)[0] * runs.steps_for(x)[1] for x in trio]
             assert s["max_flops"] == trio[1]["max_flops"] == trio[2]["max_flops"] > 0
             assert (max(spent) - min(spent)) / max(spent) < 0.05  # whole steps: within 5% of each other
             assert max(spent) <= s["max_flops"]
     # CMS off sees the same unique tokens as its CMS-on twin: same steps and batch, half the FLOPs
-    off = next(s for n, s in runs.items() if n.endswith("-nocms"))
-    on = runs[next(n for n in runs if n.endswith("-nocms")).removesuffix("-nocms")]
-    assert off["max_iters"] == sweep.steps_for(on)[0] and off["total_batch_size"] == on["total_batch_size"]
+    off = next(s for n, s in planned.items() if n.endswith("-nocms"))
+    on = planned[next(n for n in planned if n.endswith("-nocms")).removesuffix("-nocms")]
+    assert off["max_iters"] == runs.steps_for(on)[0] and off["total_batch_size"] == on["total_batch_size"]
 
 
 @pytest.mark.parametrize("preset,nproc", [("gpu", 8), ("gpu", 1), ("cpu", 1)])
 def test_every_run_has_a_micro_batch_that_fills_the_device(preset, nproc):
-    p = dict(sweep.PRESETS[preset], nproc=nproc)
+    p = dict(runs.PRESETS[preset], nproc=nproc)
     F0, _, batch0 = p["anchor"]
     for name, axis, s in sweep.plan(p, ["main", "mask", "cms", "predictor"]):
         rows = s["total_batch_size"] // s["block_size"] // nproc  # per process
@@ -53,8 +60,8 @@ def test_every_run_has_a_micro_batch_that_fills_the_device(preset, nproc):
         assert s["total_batch_size"] == accumulation * micro * nproc * s["block_size"]  # equal micro-steps, no rest
         assert micro <= p["micro_batch"] and (micro >= 8 or micro == rows), (name, micro, rows)
         assert accumulation == -(-rows // p["micro_batch"])  # the fewest micro-steps that fit
-        budget = s["max_flops"] or sweep.steps_for(s)[0] * sweep.steps_for(s)[1] * 2  # CMS off: half the main's
-        wanted = batch0 * (budget / F0) ** sweep.BATCH_EXP
+        budget = s["max_flops"] or runs.steps_for(s)[0] * runs.steps_for(s)[1] * 2  # CMS off: half the main's
+        wanted = batch0 * (budget / F0) ** runs.BATCH_EXP
         assert abs(s["total_batch_size"] - wanted) <= max(0.05 * wanted, nproc * s["block_size"] * accumulation)
 
 
@@ -65,16 +72,16 @@ def test_dry_run_prints_the_batch_split(capsys):
 
 
 def test_ladder_trains_every_size_at_20_tokens_per_parameter(capsys):
-    runs = sweep.plan(sweep.PRESETS["ladder"], ["main"], ("bert", "crossbert"))
-    assert [n for n, _, _ in runs] == ["bert-2x128", "crossbert-2x128", "bert-3x192", "crossbert-3x192",
-                                       "bert-4x256", "crossbert-4x256"]
-    for name, _, s in runs:
-        steps, per_step = sweep.steps_for(s)
+    planned = sweep.plan(runs.PRESETS["ladder"], ["main"], ("bert", "crossbert"))
+    assert [n for n, _, _ in planned] == ["bert-2x128", "crossbert-2x128", "bert-3x192", "crossbert-3x192",
+                                          "bert-4x256", "crossbert-4x256"]
+    for name, _, s in planned:
+        steps, per_step = runs.steps_for(s)
         bert = dict(s, model_type="bert")
-        params = sweep.param_counts(sweep.make_config(bert), "bert")[0]  # embeddings included
+        params = param_counts(make_config(bert), "bert")[0]  # embeddings included
         if name.startswith("bert"):  # 20 input tokens per parameter, to within a step
             assert abs(steps * s["total_batch_size"] - 20 * params) <= s["total_batch_size"]
-        assert s["max_flops"] == 20 * params * sweep.training_flops(sweep.make_config(bert), "bert") / 128
+        assert s["max_flops"] == 20 * params * training_flops(make_config(bert), "bert") / 128
         assert s["dataset"] == "web" and steps * per_step <= s["max_flops"]  # both families on the same budget
     sweep.main(["--preset=ladder", "--dry_run"])
     stdout = capsys.readouterr().out
@@ -96,12 +103,12 @@ def test_plots_on_the_size_axis(tmp_path):
                for k in range(2) for a in ("main", "random")]
     written = report.plots(results, tmp_path)
     assert "probe_vs_params.png" in written and (tmp_path / "probe_vs_params.png").stat().st_size > 10_000
-    assert report.rung_params(results[0]) == sweep.param_counts(
-        sweep.make_config(dict(results[0]["settings"], model_type="bert")), "bert")[0]
+    assert report.rung_params(results[0]) == param_counts(
+        make_config(dict(results[0]["settings"], model_type="bert")), "bert")[0]
 
 
 def test_budgets_select_a_subset_of_the_plan(monkeypatch, capsys):
-    p = sweep.PRESETS["cpu-gutenberg"]
+    p = runs.PRESETS["cpu-gutenberg"]
     everything = sweep.plan(p, ["main"], seeds=3)
     some = sweep.plan(p, ["main"], ("crossbert",), seeds=3, budgets={"1.4e14", "5.4e14"})
     assert [n for n, _, _ in some] == [f"crossbert-4x256-{b}{s}" for b in ("1.4e14", "5.4e14") for s in ("", "-s1", "-s2")]
@@ -115,12 +122,56 @@ def test_budgets_select_a_subset_of_the_plan(monkeypatch, capsys):
 
 
 def test_power_laws_follow_the_budget():
-    p = dict(sweep.PRESETS["cpu"], anchor=(1e13, 1e-3, 4096))
-    small, big = (sweep.run_settings(p, 2, 64, 2, "bert", f) for f in (1e13, 1e15))
+    p = dict(runs.PRESETS["cpu"], anchor=(1e13, 1e-3, 4096))
+    small, big = (runs.run_settings(p, 2, 64, 2, "bert", f) for f in (1e13, 1e15))
     assert small["learning_rate"] == pytest.approx(1e-3) and small["total_batch_size"] == 4096
-    assert big["learning_rate"] == pytest.approx(1e-3 * 100 ** sweep.LR_EXP)
-    assert big["total_batch_size"] == pytest.approx(4096 * 100 ** sweep.BATCH_EXP, rel=0.05)
+    assert big["learning_rate"] == pytest.approx(1e-3 * 100 ** runs.LR_EXP)
+    assert big["total_batch_size"] == pytest.approx(4096 * 100 ** runs.BATCH_EXP, rel=0.05)
     assert big["total_batch_size"] % p["block_size"] == 0
+
+
+def test_a_record_names_the_code_behind_it(tmp_path, monkeypatch, capsys):
+    """A run's record carries its checkpoint's "code" (what trained it), a twin's the code that made it; and without
+    matplotlib the sweep still runs and records, and says that it skips the plots."""
+    code = {"commit": "0" * 40, "dirty": False}
+
+    def train(name, s, run_dir, nproc, compile):  # what train.py leaves in run_dir: a checkpoint and its log
+        model = MODELS[s["model_type"]](make_config(s))
+        os.makedirs(run_dir)
+        save_checkpoint(os.path.join(run_dir, "ckpt.pt"), dict(model=model.state_dict(), model_type=s["model_type"],
+                        model_args=vars(model.config), step=3, tokens=384, flops=1e9, code=code))
+        with open(os.path.join(run_dir, "log.jsonl"), "w") as f:
+            f.write(json.dumps(dict(step=0, unigram_loss=4.8)) + "\n" + json.dumps(dict(step=3, val_loss=4.5)) + "\n")
+    monkeypatch.setattr(sweep, "train", train)
+    monkeypatch.setitem(runs.PRESETS, "tiny", dict(runs.PRESETS["cpu"], block_size=32, vocab_size=128,
+                                                   sizes=[(1, 32, 2)], flops=[2e9], anchor=(2e9, 1e-3, 128),
+                                                   probe_max_train=0))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed
+    out = tmp_path / "sw"
+    sweep.main(["--preset=tiny", f"--out_dir={out}", "--axes=main", "--families=bert", "--glue_dir=", "--glue_tasks=",
+                "--sts=", f"--tasks={tiny_tasks(tmp_path)}", "--random_seeds=1", "--device=cpu"])
+    run, twin = [json.loads(x) for x in open(out / "results.jsonl")]
+    assert (run["name"], twin["name"]) == ("bert-1x32", "random-bert-1x32")
+    assert run["code"] == code and twin["code"] == code_version()
+    assert "sweep: drawing the sweep's plots needs matplotlib, which is not installed: pip install matplotlib; " \
+           "skipping them" in capsys.readouterr().err
+    assert (out / "results.md").exists() and not list(out.glob("*.png"))
+    older = [{k: v for k, v in r.items() if k != "code"} for r in (run, twin)]  # rows written before records had it
+    assert report.summarize(older) == report.summarize([run, twin])
+
+
+def test_plots_without_matplotlib_are_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(SystemExit) as e, user_errors("sweep.py"):
+        report.plots([], tmp_path)
+    assert e.value.code == 2 and capsys.readouterr().err == (
+        "sweep.py: error: drawing the sweep's plots needs matplotlib, which is not installed: pip install matplotlib\n")
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_bad_device_is_one_line(monkeypatch, capsys):
+    err = script_error(monkeypatch, capsys, "experiments/sweep.py", "--preset=cpu", "--dry_run", "--device=tpu")
+    assert "--device='tpu': expected cpu or cuda[:N]" in err
 
 
 @pytest.mark.slow
@@ -135,9 +186,9 @@ def test_sweep_runs_probes_and_resumes(tmp_path, monkeypatch):
     for split, n in [("train", 60), ("dev", 20)]:
         rows = ["sentence\tlabel"] + [f"{'good fine' if i % 2 else 'bad awful'} words {i}\t{i % 2}" for i in range(n)]
         (task / f"{split}.tsv").write_text("\n".join(rows) + "\n")
-    tiny = dict(sweep.PRESETS["cpu"], dataset=str(data), block_size=32, vocab_size=128, sizes=[(1, 32, 2)],
+    tiny = dict(runs.PRESETS["cpu"], dataset=str(data), block_size=32, vocab_size=128, sizes=[(1, 32, 2)],
                 flops=[2e9], anchor=(2e9, 1e-3, 128), ablation_size=0, eval_interval=5, probe_max_train=0)
-    monkeypatch.setitem(sweep.PRESETS, "tiny", tiny)
+    monkeypatch.setitem(runs.PRESETS, "tiny", tiny)
     monkeypatch.chdir(ROOT)
     out = tmp_path / "sw"
     argv = ["--preset=tiny", f"--out_dir={out}", "--axes=main", f"--tasks={task}", "--glue_dir=", "--glue_tasks=", "--sts=",
@@ -153,7 +204,8 @@ def test_sweep_runs_probes_and_resumes(tmp_path, monkeypatch):
     drawn, plots = [], sweep.plots
     monkeypatch.setattr(sweep, "plots", lambda results, d: drawn.append(len(results)) or plots(results, d))
     sweep.main(argv)
-    assert drawn == list(range(1, 9))  # after every recorded run, and not once more at the end
+    plotted = importlib.util.find_spec("matplotlib") is not None  # an optional extra: the plots need it
+    assert drawn == (list(range(1, 9)) if plotted else [])  # after every recorded run, and not once more at the end
     assert "| bert-1x32 |" in tables[0] and "crossbert-1x32" not in tables[0]
     assert devices == ["cpu"] * 4  # each checkpoint once, on the device the probes run on
     results = [json.loads(x) for x in open(out / "results.jsonl")]
@@ -164,8 +216,9 @@ def test_sweep_runs_probes_and_resumes(tmp_path, monkeypatch):
                      "random-crossbert-1x32-s1", "bert-1x32-s1", "crossbert-1x32-s1"]
     assert [r["seed"] for r in results] == [0, 0, 1, 0, 0, 1, 1, 1] and results[6]["cell"] == "bert-1x32"
     assert results[6]["settings"]["seed"] == 1338 and results[0]["steps"] == results[6]["steps"]
-    model = load(out / "bert-1x32" / "ckpt.pt")[0]
-    a, b = sweep.random_twin(model, 0), sweep.random_twin(model, 1)  # same shape and vocabulary map, new weights
+    model, ckpt = load(out / "bert-1x32" / "ckpt.pt")
+    assert results[0]["code"] == ckpt.get("code")  # the code that trained it, as its checkpoint says
+    a, b = random_twin(model, 0), random_twin(model, 1)  # same shape and vocabulary map, new weights
     assert torch.equal(a.vocab_map, model.vocab_map) and not torch.equal(a.wte.weight, b.wte.weight)
     assert not torch.equal(a.wte.weight, model.wte.weight)
     bert, cross = results[0], results[3]
@@ -175,7 +228,7 @@ def test_sweep_runs_probes_and_resumes(tmp_path, monkeypatch):
     md = (out / "results.md").read_text()
     assert "| bert-1x32 |" in md.split("## Every run")[0] and "| crossbert − bert | 2 |" in md
     assert md.split("## Every run")[1].strip().count("\n") == 1 + len(results)
-    if importlib.util.find_spec("matplotlib"):  # an optional extra: the plots need it
+    if plotted:
         assert (out / "probe_vs_flops.png").stat().st_size > 10_000 and (out / "val_loss_vs_flops.png").exists()
     else:
         assert not list(out.glob("*.png"))
@@ -185,7 +238,7 @@ def test_sweep_runs_probes_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setattr(sweep, "train", no_training)
     sweep.main(argv)  # everything is in results.jsonl: nothing trains, nothing is added
     assert [json.loads(x)["name"] for x in open(out / "results.jsonl")] == names
-    assert drawn[8:] == [8]  # the plots of what is on record, drawn once
+    assert drawn[8:] == ([8] if plotted else [])  # the plots of what is on record, drawn once
 
 
 def test_summary_aggregates_seeds_and_pairs_them():
@@ -281,7 +334,7 @@ def tiny_ladder(tmp_path, monkeypatch, **changes):
     rng = np.random.default_rng(0)
     for split, n in [("train", 20_000), ("val", 4_000)]:
         rng.integers(0, 100, n, dtype=np.uint16).tofile(data / f"{split}.bin")
-    monkeypatch.setitem(sweep.PRESETS, "tiny", dict(sweep.PRESETS["ladder"], dataset=str(data), block_size=32,
+    monkeypatch.setitem(runs.PRESETS, "tiny", dict(runs.PRESETS["ladder"], dataset=str(data), block_size=32,
                                                     vocab_size=128, eval_interval=1000, probe_max_train=0, **changes))
     monkeypatch.chdir(ROOT)
     return tiny_tasks(tmp_path)
@@ -341,14 +394,14 @@ def test_layer_and_trajectory_tables():
     trained − twin by seed; the along-training table starts at the twins and ends at the run's own scores."""
     def scores(linear, knn):
         return {str(i): {"linear_avg": a, "knn_avg": b} for i, (a, b) in enumerate(zip(linear, knn))}
-    runs = [dict(name=f"bert-2x8{'-s1' * k}", cell="bert-2x8", seed=k, shape="2x8", axis="main", model_type="bert",
-                 flops=100.0, steps=40, tokens=4000, val_loss=5.0 - k / 10, scores={}, layers=scores(lin, knn),
-                 trajectory=[dict(step=s, flops=100.0 * s / 40, tokens=100 * s, val_loss=6.0 - s / 100 - k / 10,
-                                  layers=scores([x + s / 10 for x in lin], knn)) for s in (10, 20)])
-            for k, lin, knn in ((0, [50, 60, 55], [40, 45, 50]), (1, [52, 62, 54], [42, 44, 52]))]
+    trained = [dict(name=f"bert-2x8{'-s1' * k}", cell="bert-2x8", seed=k, shape="2x8", axis="main", model_type="bert",
+                    flops=100.0, steps=40, tokens=4000, val_loss=5.0 - k / 10, scores={}, layers=scores(lin, knn),
+                    trajectory=[dict(step=s, flops=100.0 * s / 40, tokens=100 * s, val_loss=6.0 - s / 100 - k / 10,
+                                     layers=scores([x + s / 10 for x in lin], knn)) for s in (10, 20)])
+               for k, lin, knn in ((0, [50, 60, 55], [40, 45, 50]), (1, [52, 62, 54], [42, 44, 52]))]
     twins = [dict(name=f"random-bert-2x8{'-s1' * k}", seed=k, shape="2x8", axis="random", model_type="bert",
                   layers=scores(lin, [30, 30, 30]), scores={}) for k, lin in ((0, [50, 51, 49]), (1, [49, 50, 50]))]
-    results = runs + twins
+    results = trained + twins
     linear = next(x for x in report.layer_table(results).splitlines() if "| linear |" in x).split(" | ")
     # mean by layer 51 / 61 / 54.5: best is layer 1; last − best -5, -8; last − layer 0 +5, +2; twins -1, +1;
     # trained − twin at the last layer 55 − 49, 54 − 50

@@ -12,5 +12,5 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from data.corpus import main
 
 if __name__ == "__main__":
-    main(__doc__, dataset="HuggingFaceFW/fineweb-edu", name="sample-10BT", max_tokens=10**9, val_every=1000,
-         out_dir=os.path.dirname(os.path.abspath(__file__)))
+    main(__file__, sys.argv[1:], dataset="HuggingFaceFW/fineweb-edu", name="sample-10BT", max_tokens=10**9,
+         val_every=1000, out_dir=os.path.dirname(os.path.abspath(__file__)))

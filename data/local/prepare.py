@@ -11,4 +11,4 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from data.corpus import main
 
 if __name__ == "__main__":
-    main(__doc__, out_dir=os.path.dirname(os.path.abspath(__file__)))
+    main(__file__, sys.argv[1:], out_dir=os.path.dirname(os.path.abspath(__file__)))

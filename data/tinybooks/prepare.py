@@ -5,15 +5,18 @@ held out as the validation split. See README.md here for the books and their sou
 
     python data/tinybooks/prepare.py    # writes train.bin, val.bin, meta.json next to this file
 """
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
+from configurator import configure
 from errors import user_errors
 from data.corpus import read_files, write_bins
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+settings = dict(
+    out_dir=HERE,             # where train.bin, val.bin and meta.json go
+)
 
 
 def prepare(out_dir=HERE):
@@ -23,7 +26,6 @@ def prepare(out_dir=HERE):
 
 
 if __name__ == "__main__":
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out_dir", default=HERE, help="where train.bin, val.bin and meta.json go")
+    s = configure(settings, sys.argv[1:], help_from=[__file__])
     with user_errors("prepare.py"):
-        prepare(p.parse_args().out_dir)
+        prepare(s["out_dir"])
