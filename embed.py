@@ -21,7 +21,7 @@ BEIR sets, data/pairs.py the pairs.
 --sts    STS-B in GLUE layout (a folder with dev.tsv), or a folder/file of SemEval-style
          `score<TAB>sentence1<TAB>sentence2` lines; comma-separate several
 --beir   BEIR folders (corpus.jsonl, queries.jsonl, qrels/test.tsv); comma-separate several
---mteb   MTEB tasks scored by mteb's own evaluators (pip install mteb; see mteb_tasks below): task names,
+--mteb   MTEB tasks scored by mteb's own evaluators (an optional extra; see mteb_tasks below): task names,
          e.g. STSBenchmark,Banking77Classification (data from the hub), or local STS sets as --sts takes
 --save_pooler=PATH  keep the frozen row's trained pooler (weights, kind, dims, the --ckpt it was trained on)
 
@@ -34,7 +34,6 @@ Embedding your own texts with a saved pooler (or plain mean pooling without --lo
 --texts  a .jsonl file (one object per line, the text in --text_key) or any other text file (one text per line);
          --out_npy gets a float32 matrix, one unit-norm row per text, in input order
 """
-import argparse
 import itertools
 import json
 import math
@@ -47,42 +46,35 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from checkpoint import save_checkpoint
-from errors import UserError, check_writable, fail, user_errors
+from configurator import configure
 from data.pairs import pair_stream
-from data.tasks import read_beir, read_jsonl, read_sts, utf8_lines
-from features import add_model_args, embed_texts, load_model, mean_pool, pad
+from data.tasks import read_beir, read_sts
+from errors import UserError, check_writable, optional, user_errors
+from features import (MODEL_SETTINGS, check_model_settings, embed_texts, eval_sts, load_model, load_pooler, pad,
+                      read_texts, save_pooler, search)
 from poolers import POOLERS
-from probe import spearman
 
-
-def save_pooler(path, pooler, kind, n_embd, n_head, ckpt):
-    """Write a trained pooler to path atomically (as checkpoints are): its weights, its kind and dims, and the
-    backbone checkpoint it was trained on, which is the one it must be used with."""
-    state = {k: v.detach().cpu() for k, v in pooler.state_dict().items()}
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    save_checkpoint(path, dict(pooler=state, kind=kind, n_embd=n_embd, n_head=n_head, ckpt=str(ckpt)))
-
-
-def load_pooler(path):
-    """(pooler on the CPU, the saved dict) of a --save_pooler file; a missing or foreign file is an UserError."""
-    if not os.path.isfile(path):
-        raise UserError(f"--load_pooler={path}: no such file; train and keep one with --pairs=... --save_pooler=PATH")
-    fix = "pass a file written by embed.py --save_pooler"
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise UserError(f"{path} is truncated or not a saved pooler ({type(e).__name__}); {fix}") from None
-    if not isinstance(saved, dict) or not {"pooler", "kind", "n_embd", "n_head", "ckpt"} <= saved.keys() \
-            or saved["kind"] not in POOLERS:
-        raise UserError(f"{path} is not a saved pooler (no pooler/kind/n_embd/n_head/ckpt); {fix}")
-    pooler = POOLERS[saved["kind"]](saved["n_embd"], saved["n_head"])
-    try:
-        pooler.load_state_dict(saved["pooler"])
-    except RuntimeError:
-        raise UserError(f"{path}: its weights do not fit a {saved['kind']} pooler of {saved['n_embd']} dims; "
-                        f"{fix}") from None
-    return pooler, saved
+settings = dict(
+    **MODEL_SETTINGS,
+    pairs="",                 # crop:PATH, hf:NAME[:CONFIG] or a .tsv/.jsonl file of positive pairs; "" = zero-shot only
+    sts="",                   # STS sets, comma-separated
+    beir="",                  # BEIR folders, comma-separated
+    mteb="",                  # MTEB task names or local STS sets, comma-separated (an optional extra: pip install mteb)
+    mteb_out="mteb_results",  # mteb's results folder, one subfolder per row
+    pooler="attn",            # attn | mean
+    steps=200,                # training steps of each pooler: one pass over fresh pairs
+    batch_size=64,            # pairs per step; each pair's negatives are the others' sides
+    lr=1e-3,                  # pooler learning rate (linear warmup, linear decay)
+    backbone_lr=1e-4,         # backbone learning rate with --unfreeze
+    temperature=0.05,         # InfoNCE's softmax temperature
+    unfreeze=False,           # also train a pooler with the backbone finetuned
+    out="",                   # write every score and timing to this .json file
+    save_pooler="",           # keep the frozen row's trained pooler in this file
+    texts="",                 # embed this file's texts (.txt: one per line, or .jsonl) into --out_npy
+    text_key="text",          # the text field of a .jsonl --texts file
+    load_pooler="",           # with --texts: a --save_pooler file ("" = mean pooling)
+    out_npy="",               # with --texts: the .npy file to write
+)
 
 
 def info_nce(a, b, temperature):
@@ -107,43 +99,7 @@ def recall_at_k(ranked, qrel, k=100):
     return len(qrel.keys() & set(ranked[:k])) / len(qrel)
 
 # ----------------------------------------------------------------------------
-# Embedding and evaluation
-
-def eval_sts(model, pooler, pairs):
-    """Spearman x100 between cosine similarity and the gold score; pairs: [(sentence1, sentence2, score)]."""
-    s1, s2, gold = zip(*pairs)
-    # cosines in float64: float32 rounding ties or swaps close cosines, which moves the score by about 1e-4
-    e1, e2 = (F.normalize(embed_texts(model, pooler, s).double(), dim=-1) for s in (s1, s2))
-    return 100 * spearman((e1 * e2).sum(-1).numpy(), gold)
-
-
-def zero_shot_sts(model, sts_path):
-    """The zero-shot STS score: Spearman x100 of the cosine similarity of plain mean-pooled last-layer
-    features vs the gold score, on one STS set (a GLUE STS-B folder, or a SemEval-style file)."""
-    sets = read_sts(sts_path)
-    if len(sets) != 1:
-        raise UserError(f"{sts_path} holds {len(sets)} STS sets ({', '.join(sets)}); pass one of them")
-    return eval_sts(model, None, *sets.values())
-
-
-def search(q, d, k, exclude, q_chunk=1024, d_chunk=16384):
-    """Exact top-k corpus rows (Nq, k) by cosine similarity of unit vectors, a matmul in chunks to bound memory.
-    exclude (Nq,): one corpus row per query that it must not return (a doc with the query's own id), or -1."""
-    out = []
-    for i in range(0, len(q), q_chunk):
-        qs, ex = q[i:i + q_chunk], exclude[i:i + q_chunk]
-        best_s, best_i = qs.new_empty(len(qs), 0), torch.empty(len(qs), 0, dtype=torch.long)
-        for j in range(0, len(d), d_chunk):
-            sim = qs @ d[j:j + d_chunk].T
-            hit = ((ex >= j) & (ex < j + sim.size(1))).nonzero().squeeze(1)
-            sim[hit, ex[hit] - j] = -math.inf
-            s = torch.cat([best_s, sim], 1)
-            ix = torch.cat([best_i, torch.arange(j, j + sim.size(1)).expand(len(qs), -1)], 1)
-            best_s, top = s.topk(min(k, s.size(1)), dim=1)
-            best_i = ix.gather(1, top)
-        out.append(best_i)
-    return torch.cat(out)
-
+# Evaluation
 
 def eval_retrieval(model, pooler, beir, k=100):
     """nDCG@10 and Recall@100 (x100), averaged over the queries that have a relevant doc."""
@@ -207,51 +163,36 @@ def train(model, pooler, pairs, steps, batch_size, lr, backbone_lr, temperature,
 # ----------------------------------------------------------------------------
 # Embedding a file of texts (--texts)
 
-def read_texts(path, text_key):
-    """The texts of a --texts file in order: each object's text_key field of a .jsonl file (blank lines skipped),
-    or each line of any other file (a blank line is an empty text, so row i is still line i)."""
-    p = Path(path)
-    if not p.is_file():
-        what = "a folder" if p.is_dir() else "no such file"
-        raise UserError(f"--texts={path}: {what}; pass one .txt file (one text per line) or .jsonl file")
-    if p.suffix == ".jsonl":
-        texts = [obj[text_key] for _, obj in read_jsonl(p, [text_key])]
-    else:
-        texts = [line.rstrip("\n") for _, line in utf8_lines(p)]
-    if not any(t.strip() for t in texts):
-        raise UserError(f"--texts={path}: no text in it; pass a file with one text per line")
-    return texts
-
-
-def embed_file(args):
+def embed_file(s):
     """--texts: one unit-norm embedding per text, as a float32 (N, C) .npy file in input order."""
     t0 = time.time()
-    texts = read_texts(args.texts, args.text_key)
-    pooler, saved = load_pooler(args.load_pooler) if args.load_pooler else (None, None)
-    model, info = load_model(args)
+    texts = read_texts(s["texts"], s["text_key"], "--texts")
+    pooler, saved = load_pooler(s["load_pooler"], "--load_pooler") if s["load_pooler"] else (None, None)
+    model, info = load_model(s)
     cfg = model.config
     if saved and saved["n_embd"] != cfg.n_embd:
-        raise UserError(f"{args.load_pooler} is a pooler of {saved['n_embd']} dims, but --ckpt={args.ckpt} has "
-                        f"n_embd={cfg.n_embd}; pass the checkpoint it was trained on, {saved['ckpt']}")
-    how = f"the {saved['kind']} pooler of {args.load_pooler} (trained on {saved['ckpt']})" if saved else "mean pooling"
-    print(f"{info['model_type']} {cfg.n_layer}x{cfg.n_embd}, {len(texts):,} texts, {how}, on {args.device}",
+        raise UserError(f"--load_pooler={s['load_pooler']} is a pooler of {saved['n_embd']} dims, but "
+                        f"--ckpt={s['ckpt']} has n_embd={cfg.n_embd}; pass the checkpoint it was trained on, "
+                        f"{saved['ckpt']}")
+    how = f"the {saved['kind']} pooler of {s['load_pooler']} (trained on {saved['ckpt']})" if saved else "mean pooling"
+    print(f"{info['model_type']} {cfg.n_layer}x{cfg.n_embd}, {len(texts):,} texts, {how}, on {s['device']}",
           file=sys.stderr)
-    z = embed_texts(model, None if pooler is None else pooler.to(args.device), texts, desc="embedding").numpy()
-    tmp = f"{args.out_npy}.tmp"  # written whole, then renamed: a crash leaves no half-written matrix
+    z = embed_texts(model, None if pooler is None else pooler.to(s["device"]), texts, desc="embedding").numpy()
+    tmp = f"{s['out_npy']}.tmp"  # written whole, then renamed: a crash leaves no half-written matrix
     os.makedirs(os.path.dirname(os.path.abspath(tmp)), exist_ok=True)
     with open(tmp, "wb") as f:
         np.save(f, z)
-    os.replace(tmp, args.out_npy)
-    print(f"wrote {args.out_npy}: {z.shape[0]:,} x {z.shape[1]} float32 in {time.time() - t0:.1f}s", file=sys.stderr)
+    os.replace(tmp, s["out_npy"])
+    print(f"wrote {s['out_npy']}: {z.shape[0]:,} x {z.shape[1]} float32 in {time.time() - t0:.1f}s", file=sys.stderr)
 
 # ----------------------------------------------------------------------------
-# MTEB's own evaluators, for --mteb (optional: pip install mteb; imported here only, so all else runs without it).
+# MTEB's own evaluators, for --mteb (an optional extra, imported here only, so all else runs without it).
 # The backbone, with a trained pooler or plain mean pooling, is an mteb encoder; local STS sets are mteb tasks.
 # Results go to mteb's standard results folder.
 
 def mteb_tasks(spec):
     """mteb tasks of --mteb, with their data loaded: local STS sets (paths, as --sts takes) or mteb task names."""
-    import mteb
+    mteb = optional("mteb", "--mteb")
     from datasets import Dataset, DatasetDict
     from mteb.abstasks.sts import AbsTaskSTS
     from mteb.abstasks.task_metadata import TaskMetadata
@@ -311,102 +252,92 @@ def mteb_scores(model, pooler, tasks, out_dir, name, revision):
 # Command line
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_model_args(ap)
-    ap.add_argument("--pairs", default="", help="crop:PATH, hf:NAME[:CONFIG] or a .tsv/.jsonl file; none: zero-shot only")
-    ap.add_argument("--sts", default="", help="STS sets, comma-separated")
-    ap.add_argument("--beir", default="", help="BEIR folders, comma-separated")
-    ap.add_argument("--mteb", default="", help="MTEB task names or local STS sets, comma-separated (pip install mteb)")
-    ap.add_argument("--mteb_out", default="mteb_results", help="mteb's results folder, one subfolder per row")
-    ap.add_argument("--pooler", default="attn", choices=sorted(POOLERS))
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--batch_size", type=int, default=64)
-    ap.add_argument("--lr", type=float, default=1e-3, help="pooler learning rate")
-    ap.add_argument("--backbone_lr", type=float, default=1e-4, help="backbone learning rate with --unfreeze")
-    ap.add_argument("--temperature", type=float, default=0.05)
-    ap.add_argument("--unfreeze", action="store_true", help="also train a pooler with the backbone finetuned")
-    ap.add_argument("--out", default="", help="write every score and timing to this .json file")
-    ap.add_argument("--save_pooler", default="", help="keep the frozen row's trained pooler in this file")
-    ap.add_argument("--texts", default="", help="embed this file's texts (.txt: one per line, or .jsonl) into --out_npy")
-    ap.add_argument("--text_key", default="text", help="the text field of a .jsonl --texts file")
-    ap.add_argument("--load_pooler", default="", help="with --texts: a --save_pooler file (default: mean pooling)")
-    ap.add_argument("--out_npy", default="", help="with --texts: the .npy file to write")
-    args = ap.parse_args(argv)
-    if args.texts:
-        if args.sts or args.beir or args.mteb or args.pairs or args.save_pooler:
-            fail("--texts only embeds: train and keep a pooler in a run of its own (--pairs, --save_pooler)", "embed.py")
-        if not args.out_npy:
-            fail("--texts needs --out_npy=PATH, the .npy file to write", "embed.py")
-    else:
-        if args.load_pooler or args.out_npy:
-            fail("--load_pooler and --out_npy go with --texts=FILE", "embed.py")
-        if not (args.sts or args.beir or args.mteb):
-            fail("nothing to evaluate: pass --sts=..., --beir=... and/or --mteb=... (or --texts=... to embed)", "embed.py")
-        if (args.unfreeze or args.save_pooler) and not args.pairs:
-            fail("--unfreeze and --save_pooler train on pairs: pass --pairs=...", "embed.py")
-        if args.save_pooler and args.ckpt == "random":
-            fail("--save_pooler keeps a pooler for the backbone in --ckpt; pass a checkpoint, not random", "embed.py")
-    if args.temperature <= 0 or args.steps < 1:
-        fail(f"--temperature must be > 0 (got {args.temperature}) and --steps at least 1 (got {args.steps})",
-             "embed.py")
-    if args.pairs and args.batch_size < 2:  # InfoNCE's negatives are the batch's other pairs
-        fail(f"--batch_size={args.batch_size}: contrastive training needs at least 2 pairs a batch", "embed.py")
+    # --help: this docstring, and each setting's comment, here or (the backbone's) in features.py
+    s = configure(settings, sys.argv[1:] if argv is None else argv,
+                  help_from=[__file__, os.path.join(os.path.dirname(__file__), "features.py")])
     with user_errors("embed.py"):
-        for option in ("out", "out_npy", "save_pooler"):  # outputs are checked before any work
-            if getattr(args, option):
-                check_writable(getattr(args, option), f"--{option}", folder=False)
-        if args.mteb:
-            check_writable(args.mteb_out, "--mteb_out")
-        if args.texts:
-            embed_file(args)
+        check(s)
+        if s["texts"]:
+            embed_file(s)
         else:
-            run(args)
+            run(s)
 
 
-def run(args):
+def check(s):
+    """A UserError for settings that cannot go together or cannot run, before any file is read or written."""
+    check_model_settings(s)
+    if s["texts"]:
+        if s["sts"] or s["beir"] or s["mteb"] or s["pairs"] or s["save_pooler"]:
+            raise UserError("--texts only embeds: train and keep a pooler in a run of its own (--pairs, --save_pooler)")
+        if not s["out_npy"]:
+            raise UserError("--texts needs --out_npy=PATH, the .npy file to write")
+    else:
+        if s["load_pooler"] or s["out_npy"]:
+            raise UserError("--load_pooler and --out_npy go with --texts=FILE")
+        if not (s["sts"] or s["beir"] or s["mteb"]):
+            raise UserError("nothing to evaluate: pass --sts=..., --beir=... and/or --mteb=... (or --texts=... to "
+                            "embed)")
+        if (s["unfreeze"] or s["save_pooler"]) and not s["pairs"]:
+            raise UserError("--unfreeze and --save_pooler train on pairs: pass --pairs=...")
+        if s["save_pooler"] and s["ckpt"] == "random":
+            raise UserError("--save_pooler keeps a pooler for the backbone in --ckpt; pass a checkpoint, not random")
+    if s["pooler"] not in POOLERS:
+        raise UserError(f"--pooler={s['pooler']!r}: expected one of {', '.join(sorted(POOLERS))}")
+    if s["temperature"] <= 0 or s["steps"] < 1:
+        raise UserError(f"--temperature must be > 0 (got {s['temperature']}) and --steps at least 1 (got {s['steps']})")
+    if s["pairs"] and s["batch_size"] < 2:  # InfoNCE's negatives are the batch's other pairs
+        raise UserError(f"--batch_size={s['batch_size']}: contrastive training needs at least 2 pairs a batch")
+    for option in ("out", "out_npy", "save_pooler"):  # outputs are checked before any work
+        if s[option]:
+            check_writable(s[option], f"--{option}", folder=False)
+    if s["mteb"]:
+        check_writable(s["mteb_out"], "--mteb_out")
+
+
+def run(s):
     t_start = time.time()
     # read every evaluation set first, so a malformed file fails before any training
-    sts = {k: v for path in filter(None, args.sts.split(",")) for k, v in read_sts(path).items()}
-    beir = {Path(path).name: read_beir(path) for path in filter(None, args.beir.split(","))}
-    mteb_sets = mteb_tasks(args.mteb) if args.mteb else None
-    model, info = load_model(args)
+    sts = {k: v for path in filter(None, s["sts"].split(",")) for k, v in read_sts(path).items()}
+    beir = {Path(path).name: read_beir(path) for path in filter(None, s["beir"].split(","))}
+    mteb_sets = mteb_tasks(s["mteb"]) if s["mteb"] else None
+    model, info = load_model(s)
     model_type, cfg = info["model_type"], model.config
-    if args.pairs and next(pair_stream(args.pairs, args.seed, cfg.block_size), None) is None:
-        raise UserError(f"--pairs={args.pairs}: no pairs there")  # checked now, not after the zero-shot evaluation
+    if s["pairs"] and next(pair_stream(s["pairs"], s["seed"], cfg.block_size), None) is None:
+        raise UserError(f"--pairs={s['pairs']}: no pairs there")  # checked now, not after the zero-shot evaluation
     print(f"{model_type} {cfg.n_layer}x{cfg.n_embd}, {model.num_params() / 1e6:.1f}M params", file=sys.stderr)
 
     rows = []
-    for name in ["zero-shot"] + ["frozen"] * bool(args.pairs) + ["unfrozen"] * args.unfreeze:
+    for name in ["zero-shot"] + ["frozen"] * bool(s["pairs"]) + ["unfrozen"] * s["unfreeze"]:
         t0, losses, pooler = time.time(), [], None
         if name != "zero-shot":  # the same pooler init and the same pairs for frozen and unfrozen
-            torch.manual_seed(args.seed)
-            pooler = POOLERS[args.pooler](cfg.n_embd, cfg.n_head).to(args.device)
-            pairs = pair_stream(args.pairs, args.seed, cfg.block_size)
-            losses = train(model, pooler, pairs, args.steps, args.batch_size, args.lr, args.backbone_lr,
-                           args.temperature, unfreeze=name == "unfrozen", log=name)
-            if name == "frozen" and args.save_pooler:  # the frozen pooler goes with --ckpt as it is on disk
-                save_pooler(args.save_pooler, pooler, args.pooler, cfg.n_embd, cfg.n_head, args.ckpt)
-                print(f"saved the {args.pooler} pooler to {args.save_pooler}", file=sys.stderr)
+            torch.manual_seed(s["seed"])
+            pooler = POOLERS[s["pooler"]](cfg.n_embd, cfg.n_head).to(s["device"])
+            pairs = pair_stream(s["pairs"], s["seed"], cfg.block_size)
+            losses = train(model, pooler, pairs, s["steps"], s["batch_size"], s["lr"], s["backbone_lr"],
+                           s["temperature"], unfreeze=name == "unfrozen", log=name)
+            if name == "frozen" and s["save_pooler"]:  # the frozen pooler goes with --ckpt as it is on disk
+                save_pooler(s["save_pooler"], pooler, s["pooler"], cfg.n_embd, cfg.n_head, s["ckpt"])
+                print(f"saved the {s['pooler']} pooler to {s['save_pooler']}", file=sys.stderr)
         t1 = time.time()
         scores = evaluate(model, pooler, sts, beir)
-        if args.mteb:
-            revision = "random" if args.ckpt == "random" else f"step-{info.get('step')}"
-            scores.update(mteb_scores(model, pooler, mteb_sets, args.mteb_out,
+        if s["mteb"]:
+            revision = "random" if s["ckpt"] == "random" else f"step-{info.get('step')}"
+            scores.update(mteb_scores(model, pooler, mteb_sets, s["mteb_out"],
                                       f"{model_type}-{cfg.n_layer}x{cfg.n_embd}/{name}", revision))
-        rows.append(dict(name=name if pooler is None else f"{name} ({args.pooler} pooler)", scores=scores,
+        rows.append(dict(name=name if pooler is None else f"{name} ({s['pooler']} pooler)", scores=scores,
                          steps=len(losses), final_loss=losses[-1] if losses else None,
                          train_s=t1 - t0, eval_s=time.time() - t1))
         print(f"{rows[-1]['name']}: {scores}", file=sys.stderr)
 
     cols = list(rows[0]["scores"])
-    print(f"| {model_type} {cfg.n_layer}x{cfg.n_embd} ({args.ckpt}) | " + " | ".join(cols) + " | train s | eval s |")
+    print(f"| {model_type} {cfg.n_layer}x{cfg.n_embd} ({s['ckpt']}) | " + " | ".join(cols) + " | train s | eval s |")
     print("|---" * (len(cols) + 3) + "|")
     for r in rows:
         print(f"| {r['name']} | " + " | ".join(f"{r['scores'][c]:.1f}" for c in cols)
               + f" | {r['train_s']:.0f} | {r['eval_s']:.0f} |")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(args=vars(args), model_type=model_type, model_args=vars(cfg), rows=rows,
+    if s["out"]:
+        with open(s["out"], "w") as f:
+            json.dump(dict(args=s, model_type=model_type, model_args=vars(cfg), rows=rows,
                            wall_s=time.time() - t_start), f, indent=2)
 
 

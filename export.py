@@ -20,12 +20,11 @@ The folder holds:
                          the exported model runs the code it was trained with, not a second implementation
   vocab.json, merges.txt, tokenizer_config.json   GPT-2's BPE, written from data/gpt2.tiktoken (the compact
                          vocabulary's map is inside the model, as in training)
-  modules.json, ...      sentence-transformers' files, when it is installed (pip install sentence-transformers)
+  modules.json, ...      sentence-transformers' files, when it (6.0 or later) is installed
 
-Needs safetensors (pip install safetensors; transformers brings it); loading needs transformers.
+Needs safetensors (transformers brings it); loading needs transformers. A missing extra is named with its pip command.
 The folder is built beside --out and renamed into place at the end: a failed export leaves nothing behind.
 """
-import argparse
 import json
 import os
 import shutil
@@ -33,13 +32,17 @@ import sys
 import tempfile
 import time
 
-import torch
-
 from checkpoint import load_checkpoint
-from errors import UserError, check_writable, fail, user_errors
-
+from configurator import configure
 from data.tokenizer import EOT, MASK, PAD, load_ranks
-from embed import load_pooler
+from errors import UserError, check_writable, optional, user_errors
+from features import load_pooler
+
+settings = dict(
+    ckpt="out/ckpt.pt",     # a train.py checkpoint
+    pooler="",              # an embed.py --save_pooler file trained on --ckpt ("" = mean pooling)
+    out="",                 # the folder to write (needed); it must not exist yet
+)
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 ENCODER_KEYS = ("wte.", "ln_e.", "blocks.", "ln_f.", "vocab_map")  # model.py's shared stack: every family's encoder
@@ -107,7 +110,7 @@ def write_tokenizer(folder, block_size):
 
 
 def write_model(folder, model, ckpt_info, pooler, saved):
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # export() checked that safetensors is installed
     tensors = encoder_state(model)
     if pooler is not None:
         tensors.update({f"pooler.{k}": v.detach().cpu().contiguous() for k, v in pooler.state_dict().items()})
@@ -138,24 +141,27 @@ def write_model(folder, model, ckpt_info, pooler, saved):
 
 def write_sentence_transformers(folder, block_size):
     """sentence-transformers' files in the same folder: one module, the exported model, whose pooler_output is the
-    sentence embedding. Skipped, with a line saying so, when sentence-transformers is not installed."""
-    try:
-        from sentence_transformers import SentenceTransformer
-        from sentence_transformers.sentence_transformer.modules import Transformer  # 6.0 on: modality_config
-    except ImportError:
-        print("sentence-transformers (6.0 or later) is not installed: the folder loads in transformers only "
-              "(pip install -U sentence-transformers, then export again, to also load it there)", file=sys.stderr)
+    sentence embedding. Skipped, with a line saying so, when sentence-transformers (6.0 or later) is not installed:
+    the folder still loads in transformers."""
+    try:  # the module of 6.0 on, whose Transformer takes modality_config
+        modules = optional("sentence_transformers.sentence_transformer.modules", "loading the export in "
+                           "sentence-transformers")
+    except UserError as e:
+        print(f"{e}; then export again (the folder loads in transformers only)", file=sys.stderr)
         return False
-    module = Transformer(folder, max_seq_length=block_size, model_kwargs={"trust_remote_code": True},
-                         config_kwargs={"trust_remote_code": True}, processor_kwargs={"trust_remote_code": True},
-                         modality_config={"text": {"method": "forward", "method_output_name": "pooler_output"}},
-                         module_output_name="sentence_embedding")
+    from sentence_transformers import SentenceTransformer
+    module = modules.Transformer(
+        folder, max_seq_length=block_size, model_kwargs={"trust_remote_code": True},
+        config_kwargs={"trust_remote_code": True}, processor_kwargs={"trust_remote_code": True},
+        modality_config={"text": {"method": "forward", "method_output_name": "pooler_output"}},
+        module_output_name="sentence_embedding")
     SentenceTransformer(modules=[module]).save(folder)
     return True
 
 
 def export(ckpt_path, out, pooler_path=""):
     """Write the export folder `out` (which must not exist yet) from a checkpoint and, optionally, a saved pooler."""
+    optional("safetensors", "export")  # model.safetensors
     if os.path.exists(out):
         raise UserError(f"--out={out} already exists; pick a new folder (or remove it) so nothing in it is lost")
     check_writable(out, "--out")
@@ -163,14 +169,10 @@ def export(ckpt_path, out, pooler_path=""):
         model, ckpt = load_checkpoint(ckpt_path)
     except ValueError as e:
         raise UserError(str(e)) from None
-    pooler, saved = load_pooler(pooler_path) if pooler_path else (None, None)
+    pooler, saved = load_pooler(pooler_path, "--pooler") if pooler_path else (None, None)
     if saved and saved["n_embd"] != model.config.n_embd:
         raise UserError(f"--pooler={pooler_path} is a pooler of {saved['n_embd']} dims, but --ckpt={ckpt_path} has "
                         f"n_embd={model.config.n_embd}; pass the checkpoint it was trained on, {saved['ckpt']}")
-    try:
-        import safetensors  # noqa: F401
-    except ImportError:
-        raise UserError("export writes model.safetensors: pip install safetensors (transformers brings it)") from None
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.", dir=parent)
@@ -187,19 +189,16 @@ def export(ckpt_path, out, pooler_path=""):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ckpt", default="out/ckpt.pt", help="a train.py checkpoint")
-    ap.add_argument("--pooler", default="", help="an embed.py --save_pooler file trained on --ckpt (default: mean "
-                    "pooling)")
-    ap.add_argument("--out", required=True, help="the folder to write; it must not exist yet")
-    args = ap.parse_args(argv)
+    s = configure(settings, sys.argv[1:] if argv is None else argv, help_from=[__file__])
     t0 = time.time()
     with user_errors("export.py"):
-        st = export(args.ckpt, args.out, args.pooler)
-    files = sorted(os.listdir(args.out))
-    size = sum(os.path.getsize(os.path.join(args.out, f)) for f in files if os.path.isfile(os.path.join(args.out, f)))
-    print(f"wrote {args.out} ({len(files)} files, {size / 1e6:.1f} MB) in {time.time() - t0:.1f}s; loads with "
-          f"AutoModel.from_pretrained({args.out!r}, trust_remote_code=True)"
+        if not s["out"]:
+            raise UserError("--out=FOLDER is needed: the folder to write (it must not exist yet)")
+        st = export(s["ckpt"], s["out"], s["pooler"])
+    files = sorted(os.listdir(s["out"]))
+    size = sum(os.path.getsize(os.path.join(s["out"], f)) for f in files if os.path.isfile(os.path.join(s["out"], f)))
+    print(f"wrote {s['out']} ({len(files)} files, {size / 1e6:.1f} MB) in {time.time() - t0:.1f}s; loads with "
+          f"AutoModel.from_pretrained({s['out']!r}, trust_remote_code=True)"
           + (" and SentenceTransformer(..., trust_remote_code=True)" if st else ""))
 
 

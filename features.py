@@ -1,35 +1,54 @@
 """
-What every frozen evaluation shares (probe.py, embed.py): the backbone, a checkpoint or a
-random-init baseline; GPT-2 token ids of sentences and of pairs; pooled features by layer, batched by length.
+What the frozen evaluators share (probe.py, embed.py, sample.py, export.py): the settings that pick the backbone, a
+checkpoint or a random-init baseline; GPT-2 token ids of sentences and of pairs; pooled features by layer, batched by
+length; the tasks' metrics; unit-norm embeddings, their exact search and the STS score; saved poolers; a file of
+texts. Library code: it raises UserError, never exits.
 """
+import math
+import os
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
-from checkpoint import load_checkpoint
-
+from checkpoint import load_checkpoint, save_checkpoint
+from data.tasks import read_jsonl, read_sts, utf8_lines
 from data.tokenizer import EOT, PAD, encode_batch
+from errors import UserError, check_device
 from model import MODELS, ModelConfig, make_config
-from poolers import mean_pool
-from errors import UserError
+from poolers import POOLERS, mean_pool
+
+# the settings that pick the backbone, first among probe.py's and embed.py's (configurator.py reads the comments); a
+# --ckpt=random baseline's shape defaults to ModelConfig's
+MODEL_SETTINGS = dict(
+    ckpt="out/ckpt.pt",                  # a train.py checkpoint, or random (an untrained baseline)
+    like="",                             # with --ckpt=random: the random twin of this checkpoint (its shape and
+                                         # vocabulary map, fresh weights), the baseline a trained checkpoint must beat
+    model_type=ModelConfig.model_type,   # with --ckpt=random and no --like: bert | crossbert | electra, of this shape:
+    n_layer=ModelConfig.n_layer,         # its encoder depth
+    n_head=ModelConfig.n_head,           # its attention heads
+    n_embd=ModelConfig.n_embd,           # its width
+    block_size=ModelConfig.block_size,   # its longest sequence
+    seed=1337,                           # the random baseline's weights, and the seeded subsets and shuffles
+    device="cuda" if torch.cuda.is_available() else "cpu",  # cpu, cuda or cuda:N
+)
 
 
-def add_model_args(parser):
-    """The options that pick the backbone: --ckpt, and the shape of a --ckpt=random baseline."""
-    d = ModelConfig()
-    parser.add_argument("--ckpt", default="out/ckpt.pt", help="a train.py checkpoint, or 'random' (untrained baseline)")
-    parser.add_argument("--like", default="", help="--ckpt=random: the random twin of this checkpoint (its shape and "
-                        "vocabulary map, fresh weights); the baseline a trained checkpoint must beat")
-    parser.add_argument("--model_type", default="crossbert", choices=sorted(MODELS),
-                        help="--ckpt=random without --like, as the next four")
-    parser.add_argument("--n_layer", type=int, default=d.n_layer)
-    parser.add_argument("--n_head", type=int, default=d.n_head)
-    parser.add_argument("--n_embd", type=int, default=d.n_embd)
-    parser.add_argument("--block_size", type=int, default=d.block_size)
-    parser.add_argument("--seed", type=int, default=1337)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+def check_model_settings(s):
+    """A UserError for MODEL_SETTINGS no run can use, before any data or checkpoint is read."""
+    check_device(s["device"])
+    if s["model_type"] not in MODELS:
+        raise UserError(f"--model_type={s['model_type']!r}: expected one of {', '.join(sorted(MODELS))}")
+    if s["like"] and s["ckpt"] != "random":
+        raise UserError(f"--like={s['like']} makes a random twin: pass it with --ckpt=random")
+    if s["ckpt"] == "random" and not s["like"]:
+        try:
+            make_config(s)
+        except ValueError as e:  # a shape no model can have
+            raise UserError(str(e)) from None
 
 
 def random_twin(model, seed=0):
@@ -42,23 +61,21 @@ def random_twin(model, seed=0):
     return twin.eval()
 
 
-def load_model(args):
-    """(model in eval mode, description) from the add_model_args() options."""
-    if args.like and args.ckpt != "random":
-        raise UserError(f"--like={args.like} makes a random twin: pass it with --ckpt=random")
+def load_model(s):
+    """(model in eval mode, description) of the MODEL_SETTINGS in s, checked by check_model_settings()."""
     try:
-        if args.ckpt == "random" and args.like:
-            model = random_twin(load_checkpoint(args.like, device=args.device)[0], args.seed)
-            return model, dict(ckpt="random", like=args.like, model_type=model.config.model_type,
-                               model_args=vars(model.config), seed=args.seed)
-        if args.ckpt == "random":
-            torch.manual_seed(args.seed)
-            model = MODELS[args.model_type](make_config(vars(args))).to(args.device).eval()
-            return model, dict(ckpt="random", model_type=args.model_type, model_args=vars(model.config), seed=args.seed)
-        model, ckpt = load_checkpoint(args.ckpt, device=args.device)
+        if s["ckpt"] == "random" and s["like"]:
+            model = random_twin(load_checkpoint(s["like"], device=s["device"])[0], s["seed"])
+            return model, dict(ckpt="random", like=s["like"], model_type=model.config.model_type,
+                               model_args=vars(model.config), seed=s["seed"])
+        if s["ckpt"] == "random":
+            torch.manual_seed(s["seed"])
+            model = MODELS[s["model_type"]](make_config(s)).to(s["device"]).eval()
+            return model, dict(ckpt="random", model_type=s["model_type"], model_args=vars(model.config), seed=s["seed"])
+        model, ckpt = load_checkpoint(s["ckpt"], device=s["device"])
     except ValueError as e:  # a checkpoint that cannot be read, or a shape no model can have
         raise UserError(str(e)) from None
-    return model, dict(ckpt=args.ckpt, model_type=ckpt["model_type"], model_args=ckpt["model_args"],
+    return model, dict(ckpt=s["ckpt"], model_type=ckpt["model_type"], model_args=ckpt["model_args"],
                        step=ckpt.get("step"), tokens=ckpt.get("tokens"))
 
 
@@ -138,9 +155,149 @@ def features(model, ids, layers=None, batch_size=64, pool=mean_pool, desc=None):
     return out
 
 
+# ----------------------------------------------------------------------------
+# Metrics: each task's (data/tasks.py names them), on numpy arrays of predictions and gold labels; binary metrics take
+# class 1 as positive
+
+
+def accuracy(pred, gold):
+    return float(np.mean(pred == gold))
+
+
+def f1(pred, gold, positive=1):
+    tp = np.sum((pred == positive) & (gold == positive))
+    wrong = np.sum((pred == positive) != (gold == positive))  # false positives + false negatives
+    return float(2 * tp / (2 * tp + wrong)) if tp else 0.0
+
+
+def macro_f1(pred, gold):
+    return float(np.mean([f1(pred, gold, c) for c in np.union1d(pred, gold)]))
+
+
+def matthews(pred, gold):
+    tp, tn = float(np.sum((pred == 1) & (gold == 1))), float(np.sum((pred != 1) & (gold != 1)))
+    fp, fn = float(np.sum((pred == 1) & (gold != 1))), float(np.sum((pred != 1) & (gold == 1)))
+    den = math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    return (tp * tn - fp * fn) / den if den else 0.0  # a constant prediction or gold: no correlation
+
+
+def pearson(x, y):
+    x, y = x - np.mean(x), y - np.mean(y)
+    den = math.sqrt(np.sum(x * x) * np.sum(y * y))
+    return float(np.sum(x * y) / den) if den else 0.0
+
+
+def ranks(x):
+    """1-based ranks of x; tied values share the average of their ranks."""
+    order = np.argsort(x, kind="stable")
+    xs = np.asarray(x)[order]
+    starts = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1]])
+    ends = np.r_[starts[1:], len(xs)]
+    r = np.empty(len(xs))
+    r[order] = np.repeat((starts + ends + 1) / 2, ends - starts)
+    return r
+
+
+def spearman(x, y):
+    return pearson(ranks(x), ranks(y))
+
+
+METRICS = dict(acc=accuracy, f1=f1, macro_f1=macro_f1, mcc=matthews, pearson=pearson, spearman=spearman)
+
+# ----------------------------------------------------------------------------
+# Embeddings: unit-norm vectors of texts, their exact search, and the STS score
+
+
 def embed_texts(model, pooler, texts, batch_size=256, desc=None):
     """Unit-norm embeddings (N, C) of texts, a float32 CPU tensor in input order: the last layer's states through
     pooler(h, mask), or plain mean pooling when pooler is None; embed.py and its mteb encoder embed through it."""
     ids, _ = tokenize([(t,) for t in texts], model.config.block_size)
     z = features(model, ids, batch_size=batch_size, pool=pooler or mean_pool, desc=desc)[model.config.n_layer]
-    return torch.nn.functional.normalize(torch.from_numpy(z), dim=-1)
+    return F.normalize(torch.from_numpy(z), dim=-1)
+
+
+def search(q, d, k, exclude, q_chunk=1024, d_chunk=16384):
+    """Exact top-k corpus rows (Nq, k) by cosine similarity of unit vectors, a matmul in chunks to bound memory.
+    exclude (Nq,): one corpus row per query that it must not return (a doc with the query's own id), or -1."""
+    out = []
+    for i in range(0, len(q), q_chunk):
+        qs, ex = q[i:i + q_chunk], exclude[i:i + q_chunk]
+        best_s, best_i = qs.new_empty(len(qs), 0), torch.empty(len(qs), 0, dtype=torch.long)
+        for j in range(0, len(d), d_chunk):
+            sim = qs @ d[j:j + d_chunk].T
+            hit = ((ex >= j) & (ex < j + sim.size(1))).nonzero().squeeze(1)
+            sim[hit, ex[hit] - j] = -math.inf
+            s = torch.cat([best_s, sim], 1)
+            ix = torch.cat([best_i, torch.arange(j, j + sim.size(1)).expand(len(qs), -1)], 1)
+            best_s, top = s.topk(min(k, s.size(1)), dim=1)
+            best_i = ix.gather(1, top)
+        out.append(best_i)
+    return torch.cat(out)
+
+
+def eval_sts(model, pooler, pairs):
+    """Spearman x100 between cosine similarity and the gold score; pairs: [(sentence1, sentence2, score)]."""
+    s1, s2, gold = zip(*pairs)
+    # cosines in float64: float32 rounding ties or swaps close cosines, which moves the score by about 1e-4
+    e1, e2 = (F.normalize(embed_texts(model, pooler, s).double(), dim=-1) for s in (s1, s2))
+    return 100 * spearman((e1 * e2).sum(-1).numpy(), gold)
+
+
+def zero_shot_sts(model, sts_path):
+    """The zero-shot STS score: Spearman x100 of the cosine similarity of plain mean-pooled last-layer
+    features vs the gold score, on one STS set (a GLUE STS-B folder, or a SemEval-style file)."""
+    sets = read_sts(sts_path)
+    if len(sets) != 1:
+        raise UserError(f"{sts_path} holds {len(sets)} STS sets ({', '.join(sets)}); pass one of them")
+    return eval_sts(model, None, *sets.values())
+
+# ----------------------------------------------------------------------------
+# Files: a saved pooler (embed.py writes it; embed.py --texts and export.py read it), a file of texts
+
+
+def save_pooler(path, pooler, kind, n_embd, n_head, ckpt):
+    """Write a trained pooler to path atomically (as checkpoints are): its weights, its kind and dims, and the
+    backbone checkpoint it was trained on, which is the one it must be used with."""
+    state = {k: v.detach().cpu() for k, v in pooler.state_dict().items()}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    save_checkpoint(path, dict(pooler=state, kind=kind, n_embd=n_embd, n_head=n_head, ckpt=str(ckpt)))
+
+
+def load_pooler(path, setting):
+    """(pooler on the CPU, the saved dict) of a file save_pooler() wrote, passed as the option `setting` (e.g.
+    "--pooler"); a missing or foreign file is a UserError."""
+    if not os.path.isfile(path):
+        raise UserError(f"{setting}={path}: no such file; train and keep one with embed.py --pairs=... "
+                        "--save_pooler=PATH")
+    fix = "pass a file written by embed.py --save_pooler"
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise UserError(f"{setting}={path} is truncated or not a saved pooler ({type(e).__name__}); {fix}") from None
+    if not isinstance(saved, dict) or not {"pooler", "kind", "n_embd", "n_head", "ckpt"} <= saved.keys() \
+            or saved["kind"] not in POOLERS:
+        raise UserError(f"{setting}={path} is not a saved pooler (no pooler/kind/n_embd/n_head/ckpt); {fix}")
+    pooler = POOLERS[saved["kind"]](saved["n_embd"], saved["n_head"])
+    try:
+        pooler.load_state_dict(saved["pooler"])
+    except RuntimeError:
+        raise UserError(f"{setting}={path}: its weights do not fit a {saved['kind']} pooler of {saved['n_embd']} "
+                        f"dims; {fix}") from None
+    return pooler, saved
+
+
+def read_texts(path, text_key, setting):
+    """The texts of a file passed as the option `setting` (e.g. "--texts"), in order: each object's text_key field of
+    a .jsonl file (blank lines skipped), or each line of any other file (a blank line is an empty text, so row i is
+    still line i)."""
+    p = Path(path)
+    if not p.is_file():
+        what = "a folder" if p.is_dir() else "no such file"
+        raise UserError(f"{setting}={path}: {what}; pass one .txt file (one text per line) or .jsonl file")
+    if p.suffix == ".jsonl":
+        texts = [obj[text_key] for _, obj in read_jsonl(p, [text_key])]
+    else:
+        texts = [line.rstrip("\n") for _, line in utf8_lines(p)]
+    if not any(t.strip() for t in texts):
+        raise UserError(f"{setting}={path}: no text in it; pass a file with one text per line")
+    return texts

@@ -16,21 +16,32 @@ Two probes are fitted on the train split and scored on dev with each task's GLUE
     python probe.py --ckpt=out/ckpt.pt --layers=all --out=probe.json           # layer-wise table
     python probe.py --tasks=path/to/my_task                                     # your own train.tsv/dev.tsv
 
-Without --glue_dir, GLUE comes from the hub (nyu-mll/glue); data/tasks.py reads the tasks.
-train.py calls probe_tasks().
+Without --glue_dir, GLUE comes from the hub (nyu-mll/glue); data/tasks.py reads the tasks, features.py computes the
+features and the metrics. train.py (probe_tasks) and experiments/ call the probes below.
 """
-import argparse
 import json
-import math
+import os
+import sys
 import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from errors import UserError, check_writable, fail, user_errors
+from configurator import configure
 from data.tasks import GLUE, load_task
-from features import add_model_args, features, load_model, tokenize
+from errors import UserError, at_least, check_writable, user_errors
+from features import METRICS, MODEL_SETTINGS, check_model_settings, features, load_model, tokenize
+
+settings = dict(
+    **MODEL_SETTINGS,
+    tasks=",".join(GLUE),   # comma-separated GLUE names, or folders of train.tsv and dev.tsv
+    glue_dir="",            # GLUE in the official layout PATH/<TASK>/*.tsv; "" = from the hub
+    layers="last",          # last, all, or comma-separated layer numbers (0: the embeddings, 1..n_layer: the blocks)
+    max_train=0,            # keep a seeded random subset of this many train examples of each task (0: all)
+    batch_size=64,          # sequences per forward pass
+    out="",                 # write every score, λ, k, count and timing to this JSON file
+)
 
 LAMBDAS = 10.0 ** np.arange(-5, 2.01, 0.5)  # ridge penalty per training example (features have unit variance)
 KS = (1, 3, 5, 10, 20, 50, 100)
@@ -92,54 +103,6 @@ def knn(X, y, Xq, ks, n_classes=None, device="cpu"):
             v = votes[:, min(k, kmax) - 1]
             preds[j].append(v.argmax(1) if n_classes else v[:, 0] / v[:, 1])
     return [torch.cat(p).cpu().numpy() for p in preds]
-
-# ----------------------------------------------------------------------------
-# Metrics: predictions and gold labels as numpy arrays; binary metrics take class 1 as positive
-
-
-def accuracy(pred, gold):
-    return float(np.mean(pred == gold))
-
-
-def f1(pred, gold, positive=1):
-    tp = np.sum((pred == positive) & (gold == positive))
-    wrong = np.sum((pred == positive) != (gold == positive))  # false positives + false negatives
-    return float(2 * tp / (2 * tp + wrong)) if tp else 0.0
-
-
-def macro_f1(pred, gold):
-    return float(np.mean([f1(pred, gold, c) for c in np.union1d(pred, gold)]))
-
-
-def matthews(pred, gold):
-    tp, tn = float(np.sum((pred == 1) & (gold == 1))), float(np.sum((pred != 1) & (gold != 1)))
-    fp, fn = float(np.sum((pred == 1) & (gold != 1))), float(np.sum((pred != 1) & (gold == 1)))
-    den = math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
-    return (tp * tn - fp * fn) / den if den else 0.0  # a constant prediction or gold: no correlation
-
-
-def pearson(x, y):
-    x, y = x - np.mean(x), y - np.mean(y)
-    den = math.sqrt(np.sum(x * x) * np.sum(y * y))
-    return float(np.sum(x * y) / den) if den else 0.0
-
-
-def ranks(x):
-    """1-based ranks of x; tied values share the average of their ranks."""
-    order = np.argsort(x, kind="stable")
-    xs = np.asarray(x)[order]
-    starts = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1]])
-    ends = np.r_[starts[1:], len(xs)]
-    r = np.empty(len(xs))
-    r[order] = np.repeat((starts + ends + 1) / 2, ends - starts)
-    return r
-
-
-def spearman(x, y):
-    return pearson(ranks(x), ranks(y))
-
-
-METRICS = dict(acc=accuracy, f1=f1, macro_f1=macro_f1, mcc=matthews, pearson=pearson, spearman=spearman)
 
 
 def score(pred, gold, metrics):
@@ -235,31 +198,24 @@ def table(results, layers, averages):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description="Frozen linear and kNN probes of a checkpoint on GLUE (or your tasks).")
-    add_model_args(p)
-    p.add_argument("--tasks", default=",".join(GLUE), help="comma-separated GLUE names or folders of train/dev.tsv")
-    p.add_argument("--glue_dir", default=None, help="GLUE in the official layout PATH/<TASK>/*.tsv (default: the hub)")
-    p.add_argument("--layers", default="last",
-                   help="last, all, or comma-separated layer numbers (0: the embeddings, 1..n_layer: the blocks)")
-    p.add_argument("--max_train", type=int, default=0, help="keep a random subset of this many train examples (0: all)")
-    p.add_argument("--batch_size", type=int, default=64)
-    p.add_argument("--out", default=None, help="write every score, λ, k, count and timing to this JSON file")
-    args = p.parse_args(argv)
-    if args.batch_size < 1:
-        fail(f"--batch_size={args.batch_size}: must be at least 1", "probe.py")
+    # --help: this docstring, and each setting's comment, here or (the backbone's) in features.py
+    s = configure(settings, sys.argv[1:] if argv is None else argv,
+                  help_from=[__file__, os.path.join(os.path.dirname(__file__), "features.py")])
     with user_errors("probe.py"):
-        if args.out:
-            check_writable(args.out, "--out", folder=False)
-        run(args)
+        check_model_settings(s)
+        at_least(s, 1, ("batch_size",))
+        if s["out"]:
+            check_writable(s["out"], "--out", folder=False)
+        run(s)
 
 
-def run(args):
+def run(s):
     t0 = time.time()
     # all data first, so that bad input fails before any model is loaded
-    tasks = [load_task(t, args.glue_dir, args.max_train, args.seed) for t in args.tasks.split(",")]
-    model, info = load_model(args)
-    layers = parse_layers(args.layers, model.config.n_layer)
-    results = evaluate(model, tasks, layers, args.batch_size, args.seed)
+    tasks = [load_task(t, s["glue_dir"] or None, s["max_train"], s["seed"]) for t in s["tasks"].split(",")]
+    model, info = load_model(s)
+    layers = parse_layers(s["layers"], model.config.n_layer)
+    results = evaluate(model, tasks, layers, s["batch_size"], s["seed"])
     averages = {layer: {p: float(np.mean([r["layers"][layer][p]["score"] for r in results.values()]))
                         for p in ("linear", "knn")} for layer in layers}
     print(f"{info['ckpt']}: {info['model_type']}, {model.config.n_layer} layers x {model.config.n_embd}"
@@ -273,10 +229,9 @@ def run(args):
               "kNN takes the weighted mean of the neighbours' scores")
     elapsed = time.time() - t0
     print(f"wall time {elapsed:.0f} s")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(**info, layers=layers, tasks=results, average=averages, args=vars(args), time_s=elapsed),
-                      f, indent=1)
+    if s["out"]:
+        with open(s["out"], "w") as f:
+            json.dump(dict(**info, layers=layers, tasks=results, average=averages, args=s, time_s=elapsed), f, indent=1)
 
 
 if __name__ == "__main__":

@@ -13,18 +13,29 @@ ELECTRA's generator (a narrow BERT) fills them, and with --detect its discrimina
 token of the text (masks filled by the generator first) is a replacement. Neighbours are ranked by the cosine of the
 encoder's mean-pooled last-layer features (embed.py's zero-shot embeddings); lines longer than the block are cut to it.
 """
-import argparse
+import sys
 
 import numpy as np
 import torch
 
 from checkpoint import load_checkpoint
-from errors import UserError, fail, user_errors
-
+from configurator import configure
 from data.tokenizer import EOT, MASK, decode, encode, encode_masked
-from embed import read_texts, search
-from features import embed_texts
+from errors import UserError, at_least, check_device, user_errors
+from features import embed_texts, read_texts, search
 from masking import Views, make_views
+
+settings = dict(
+    ckpt="out/ckpt.pt",     # a train.py checkpoint (or snapshot)
+    text="",                # a text with <mask>s to fill (or any text, with --detect)
+    views="",               # a text to cut into the model's views, each filling the others
+    neighbours="",          # a file of texts (.txt: one per line, or .jsonl)
+    query="",               # with --neighbours: the text whose nearest lines to find
+    detect=False,           # with --text, ELECTRA: which tokens look replaced
+    top_k=5,                # fills per position, or neighbours
+    seed=1337,              # --views: the seed of the random cut
+    device="cuda" if torch.cuda.is_available() else "cpu",  # cpu, cuda or cuda:N
+)
 
 # how each family fills a masked position, printed above its fills
 HOW = {"bert": "BERT reads the text with <mask> at the targets; its LM head fills them",
@@ -59,9 +70,9 @@ def piece(text):
 def checked(ids, block_size, what):
     """The token ids of a text, which must fit in the model's block."""
     if len(ids) > block_size:
-        fail(f"{what} is {len(ids)} tokens, longer than the checkpoint's block of {block_size}: shorten it", "sample.py")
+        raise UserError(f"{what} is {len(ids)} tokens, longer than the checkpoint's block of {block_size}: shorten it")
     if not ids:
-        fail(f"{what} is empty: pass some text", "sample.py")
+        raise UserError(f"{what} is empty: pass some text")
     return ids
 
 
@@ -85,10 +96,10 @@ def masked(text, block_size, detect):
     """--text's ids, checked: a <mask> to fill (unless --detect), and some words to read."""
     ids = checked(encode_masked(text), block_size, "--text")
     if MASK not in ids and not detect:
-        fail('--text has no <mask>: put <mask> where a word should be filled, e.g. --text="Once upon a <mask>."',
-             "sample.py")
+        raise UserError('--text has no <mask>: put <mask> where a word should be filled, e.g. --text="Once upon a '
+                        '<mask>."')
     if ids.count(MASK) == len(ids):
-        fail("--text is all <mask>: leave some words for the model to read", "sample.py")
+        raise UserError("--text is all <mask>: leave some words for the model to read")
     return ids
 
 
@@ -100,8 +111,8 @@ def cut(ids, config, seed):
     try:
         return ids, make_views(1, len(ids), config.mask_ratio, config.cms, generator=torch.Generator().manual_seed(seed))
     except ValueError:
-        fail(f"--views is {len(ids)} tokens, too short to mask {config.mask_ratio:g} of it and keep the rest: pass a "
-             "longer text", "sample.py")
+        raise UserError(f"--views is {len(ids)} tokens, too short to mask {config.mask_ratio:g} of it and keep the "
+                        "rest: pass a longer text") from None
 
 
 def fill_masks(model, text, ids, k, row_text):
@@ -167,53 +178,47 @@ def neighbours(model, path, lines, query, k):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ckpt", default="out/ckpt.pt", help="a train.py checkpoint (or snapshot)")
-    ap.add_argument("--text", default="", help="a text with <mask>s to fill (or any text, with --detect)")
-    ap.add_argument("--views", default="", help="a text to cut into the model's views, each filling the others")
-    ap.add_argument("--neighbours", default="", help="a file of texts (.txt: one per line, or .jsonl)")
-    ap.add_argument("--query", default="", help="with --neighbours: the text whose nearest lines to find")
-    ap.add_argument("--detect", action="store_true", help="with --text, ELECTRA: which tokens look replaced")
-    ap.add_argument("--top_k", type=int, default=5, help="fills per position, or neighbours")
-    ap.add_argument("--seed", type=int, default=1337, help="--views: the seed of the random cut")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = ap.parse_args(argv)
-    if bool(args.neighbours) != bool(args.query):
-        fail("--neighbours=FILE and --query=TEXT go together: the lines of FILE nearest to TEXT", "sample.py")
-    if sum(map(bool, (args.text, args.views, args.neighbours))) != 1:
-        fail("pass one of --text=..., --views=... or --neighbours=FILE --query=...", "sample.py")
-    if args.detect and not args.text:
-        fail("--detect reads --text=...: the text whose replaced tokens to find", "sample.py")
-    if args.top_k < 1:
-        fail(f"--top_k={args.top_k}: must be at least 1", "sample.py")
+    s = configure(settings, sys.argv[1:] if argv is None else argv, help_from=[__file__])
     with user_errors("sample.py"):
-        try:
-            model, ckpt = load_checkpoint(args.ckpt, args.device)
-        except ValueError as e:
-            fail(str(e), "sample.py")
-        cfg = model.config
-        if args.detect and cfg.model_type != "electra":
-            fail(f"--detect asks ELECTRA's discriminator, and {args.ckpt} holds a {cfg.model_type} model: pass an "
-                 "ELECTRA checkpoint (python train.py config/tiny_electra.py)", "sample.py")
-        # the input, checked before anything is printed
-        if args.text:
-            ids = masked(args.text, cfg.block_size, args.detect)
-        elif args.views:
-            ids, views = cut(checked(encode(args.views), cfg.block_size, "--views"), cfg, args.seed)
-        else:
-            checked(encode(args.query), cfg.block_size, "--query")
-            lines = [(n, t) for n, t in enumerate(read_texts(args.neighbours, "text"), 1) if t.strip()]
-        row_text = row_texts(model)
-        print(f"{cfg.model_type} {cfg.n_layer} x {cfg.n_embd}" + (f", step {ckpt['step']}" if "step" in ckpt else "") +
-              f" ({args.ckpt})" + ("" if args.neighbours else f": {HOW[cfg.model_type]}"))
-        if args.detect:
-            detect(model, args.text, ids, args.top_k, row_text)
-        elif args.text:
-            fill_masks(model, args.text, ids, args.top_k, row_text)
-        elif args.views:
-            show_views(model, ids, views, args.top_k, row_text)
-        else:
-            neighbours(model, args.neighbours, lines, args.query, args.top_k)
+        check_device(s["device"])
+        if bool(s["neighbours"]) != bool(s["query"]):
+            raise UserError("--neighbours=FILE and --query=TEXT go together: the lines of FILE nearest to TEXT")
+        if sum(map(bool, (s["text"], s["views"], s["neighbours"]))) != 1:
+            raise UserError("pass one of --text=..., --views=... or --neighbours=FILE --query=...")
+        if s["detect"] and not s["text"]:
+            raise UserError("--detect reads --text=...: the text whose replaced tokens to find")
+        at_least(s, 1, ("top_k",))
+        run(s)
+
+
+def run(s):
+    try:
+        model, ckpt = load_checkpoint(s["ckpt"], s["device"])
+    except ValueError as e:  # a shape no model can have, in a checkpoint's settings
+        raise UserError(str(e)) from None
+    cfg = model.config
+    if s["detect"] and cfg.model_type != "electra":
+        raise UserError(f"--detect asks ELECTRA's discriminator, and {s['ckpt']} holds a {cfg.model_type} model: pass "
+                        "an ELECTRA checkpoint (python train.py config/tiny_electra.py)")
+    # the input, checked before anything is printed
+    if s["text"]:
+        ids = masked(s["text"], cfg.block_size, s["detect"])
+    elif s["views"]:
+        ids, views = cut(checked(encode(s["views"]), cfg.block_size, "--views"), cfg, s["seed"])
+    else:
+        checked(encode(s["query"]), cfg.block_size, "--query")
+        lines = [(n, t) for n, t in enumerate(read_texts(s["neighbours"], "text", "--neighbours"), 1) if t.strip()]
+    row_text = row_texts(model)
+    print(f"{cfg.model_type} {cfg.n_layer} x {cfg.n_embd}" + (f", step {ckpt['step']}" if "step" in ckpt else "") +
+          f" ({s['ckpt']})" + ("" if s["neighbours"] else f": {HOW[cfg.model_type]}"))
+    if s["detect"]:
+        detect(model, s["text"], ids, s["top_k"], row_text)
+    elif s["text"]:
+        fill_masks(model, s["text"], ids, s["top_k"], row_text)
+    elif s["views"]:
+        show_views(model, ids, views, s["top_k"], row_text)
+    else:
+        neighbours(model, s["neighbours"], lines, s["query"], s["top_k"])
 
 
 if __name__ == "__main__":

@@ -130,7 +130,7 @@ def evaluate(model, tasks, glue_tasks, glue_dir, sts, max_train, layers=False):
     """Frozen-probe scores of a model: {"TASK/linear": %, "TASK/knn": %, ...}, the averages over the primary tasks
     (linear_avg, knn_avg) and over GLUE (glue_linear_avg, glue_knn_avg), and zero-shot STS (sts_zero_shot). With
     layers, also {layer: scores} of the primary tasks at every layer; the last layer's are the scores above."""
-    from embed import zero_shot_sts
+    from features import zero_shot_sts
     n_layer = model.config.n_layer
     every = by_layer(model, tasks, glue_dir, max_train, list(range(n_layer + 1)) if layers else [n_layer])
     scores = dict(every[n_layer])

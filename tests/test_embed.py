@@ -1,6 +1,7 @@
 import gzip
 import json
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from conftest import assert_one_line_error
 from data.pairs import crop_pairs, pair_stream, text_pairs
 from data.tasks import read_beir, read_sts
 from data.tokenizer import EOT, decode, encode
-from features import embed_texts, features, tokenize
+from features import embed_texts, features, load_pooler, save_pooler, tokenize
 from model import CrossBERT, ModelConfig
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
@@ -52,7 +53,7 @@ def test_fresh_pooler_is_mean_pooling_and_ignores_padding(kind):
     pooler = poolers.POOLERS[kind](32, 2)
     h, mask = torch.randn(2, 5, 32), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
     z = pooler(h, mask)
-    assert torch.allclose(z, embed.mean_pool(h, mask), atol=1e-6)
+    assert torch.allclose(z, poolers.mean_pool(h, mask), atol=1e-6)
     assert torch.allclose(z[0], h[0, :3].mean(0), atol=1e-6)
     with torch.no_grad():  # a trained query still ignores padded tokens
         for p in pooler.parameters():
@@ -95,28 +96,6 @@ def test_ndcg_and_recall_match_hand_computation():
     assert embed.recall_at_k(ranked, qrel, 3) == pytest.approx(2 / 3)
     assert embed.recall_at_k(ranked, qrel, 100) == pytest.approx(1.0)
     assert embed.recall_at_k(["d9"], qrel, 100) == 0.0
-
-
-def test_search_is_exact_top_k_and_skips_own_id():
-    torch.manual_seed(0)
-    q = torch.nn.functional.normalize(torch.randn(7, 8), dim=-1)
-    d = torch.nn.functional.normalize(torch.randn(50, 8), dim=-1)
-    exclude = torch.tensor([-1, 3, -1, 49, 0, -1, 20])
-    got = embed.search(q, d, 5, exclude, q_chunk=3, d_chunk=8)  # chunks smaller than the data
-    sim = q @ d.T
-    for i in range(7):
-        if exclude[i] >= 0:
-            sim[i, exclude[i]] = -math.inf
-    assert torch.equal(got, sim.topk(5, dim=1).indices)
-
-
-def test_spearman_with_ties_matches_hand_computation():
-    x, y = [1.0, 2.0, 2.0, 3.0, 5.0], [2.0, 1.0, 4.0, 4.0, 3.0]
-    rx, ry = [1, 2.5, 2.5, 4, 5], [2, 1, 4.5, 4.5, 3]  # tied values share their average rank
-    mx, my = sum(rx) / 5, sum(ry) / 5
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    expected = cov / math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
-    assert embed.spearman(np.array(x), np.array(y)) == pytest.approx(expected)
 
 
 def write_beir(folder, corpus, queries, qrels):
@@ -243,23 +222,14 @@ def test_hub_pairs_take_the_first_two_text_columns(monkeypatch):
     assert calls == [("org/msmarco", "triplet", "train", True)]
 
 
-def test_zero_shot_sts_is_the_spearman_of_mean_pooled_cosines(tmp_path):
-    rows = [(4.5, "A cat sits on the mat.", "A cat is sitting on a mat."), (0.5, "A dog runs.", "Stocks fell sharply today."),
-            (3.0, "He ate rice.", "He ate some food."), (2.0, "Rain is falling.", "The sun is out.")]
-    (tmp_path / "sts.tsv").write_text("".join(f"{y}\t{a}\t{b}\n" for y, a, b in rows))
-    model = tiny_model().train()
-    with torch.no_grad():
-        model.eval()
-        mean = lambda s: model.encode(torch.tensor([encode(s)]))[0].mean(0)
-        cos = [torch.cosine_similarity(mean(a), mean(b), dim=0).item() for _, a, b in rows]
-        model.train()
-    ranks = lambda x: np.argsort(np.argsort(x))  # no ties here
-    expected = 100 * np.corrcoef(ranks(cos), ranks([y for y, _, _ in rows]))[0, 1]
-    assert embed.zero_shot_sts(model, tmp_path / "sts.tsv") == pytest.approx(expected, abs=1e-6)
-    assert model.training  # train.py calls it mid-run: the mode is handed back
-    (tmp_path / "more.tsv").write_text("1\ta\tb\n")
-    with pytest.raises(ValueError, match="holds 2 STS sets .*pass one of them"):
-        embed.zero_shot_sts(model, tmp_path)
+def test_mteb_without_mteb_installed_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "mteb", None)  # import mteb fails, as where it is not installed
+    (tmp_path / "sts.tsv").write_text("1\ta\tb\n2\tc\td\n")
+    args = ["--ckpt=random", *[f"--{k}={v}" for k, v in TINY.items()], f"--mteb={tmp_path / 'sts.tsv'}",
+            f"--mteb_out={tmp_path / 'mteb'}"]
+    assert_one_line_error(embed.main, args, "embed.py", '--mteb needs mteb, which is not installed: pip install mteb '
+                          '"torch==2.13.0"')
+    assert not (tmp_path / "mteb").exists()
 
 
 @pytest.mark.parametrize("flag, needles", [
@@ -305,8 +275,8 @@ def by_hand(model, pooler, text):
 @pytest.mark.parametrize("kind", ["mean", "attn"])
 def test_saved_pooler_gives_the_same_vectors(kind, tmp_path):
     model, pooler = tiny_model(), trained_pooler(kind)
-    embed.save_pooler(tmp_path / "pooler.pt", pooler, kind, 32, 2, "out/ckpt.pt")
-    loaded, saved = embed.load_pooler(tmp_path / "pooler.pt")
+    save_pooler(tmp_path / "pooler.pt", pooler, kind, 32, 2, "out/ckpt.pt")
+    loaded, saved = load_pooler(tmp_path / "pooler.pt", "--load_pooler")
     assert (saved["kind"], saved["n_embd"], saved["n_head"], saved["ckpt"]) == (kind, 32, 2, "out/ckpt.pt")
     assert type(loaded) is type(pooler) and not (tmp_path / "pooler.pt.tmp").exists()
     texts = LINES * 3
@@ -321,7 +291,7 @@ def test_texts_command_writes_one_row_per_line_in_order(kind, tmp_path):
     pooler = trained_pooler(kind) if kind else None
     args = [f"--ckpt={ckpt}", f"--texts={tmp_path / 'in.txt'}", f"--out_npy={tmp_path / 'out.npy'}"]
     if kind:
-        embed.save_pooler(tmp_path / "pooler.pt", pooler, kind, 32, 2, ckpt)
+        save_pooler(tmp_path / "pooler.pt", pooler, kind, 32, 2, ckpt)
         args.append(f"--load_pooler={tmp_path / 'pooler.pt'}")
     (tmp_path / "in.txt").write_text("\n".join(LINES) + "\n")  # a blank line is a text too: row i is line i
     embed.main(args)
@@ -330,7 +300,7 @@ def test_texts_command_writes_one_row_per_line_in_order(kind, tmp_path):
     for i, line in enumerate(LINES):  # each row is its own line's vector, computed alone
         assert np.abs(z[i] - by_hand(model, pooler, line).numpy()).max() <= 1e-5, i
     ids, _ = tokenize([(t,) for t in LINES], 32)
-    direct = features(model, ids, pool=pooler or embed.mean_pool)[2]
+    direct = features(model, ids, pool=pooler or poolers.mean_pool)[2]
     direct = torch.nn.functional.normalize(torch.from_numpy(direct), dim=-1)
     assert np.abs(z - direct.numpy()).max() <= 1e-6  # mean pooling without a pooler: features.py's mean-pooled features
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": i, "body": t}) + "\n\n" for i, t in enumerate(LINES)))
@@ -347,7 +317,7 @@ def test_a_trained_pooler_is_kept_and_used(tmp_path):
     (tmp_path / "pairs.tsv").write_text("".join(f"question {i}\tanswer {i}\n" for i in range(40)))
     embed.main([f"--ckpt={ckpt}", f"--sts={tmp_path / 'sts.tsv'}", f"--pairs={tmp_path / 'pairs.tsv'}", "--steps=2",
                 "--batch_size=8", "--unfreeze", f"--save_pooler={tmp_path / 'pooler.pt'}"])
-    pooler, saved = embed.load_pooler(tmp_path / "pooler.pt")
+    pooler, saved = load_pooler(tmp_path / "pooler.pt", "--load_pooler")
     assert (saved["kind"], saved["ckpt"]) == ("attn", str(ckpt))  # the frozen row's pooler, for --ckpt as it is
     (tmp_path / "in.txt").write_text("\n".join(LINES))
     embed.main([f"--ckpt={ckpt}", f"--load_pooler={tmp_path / 'pooler.pt'}", f"--texts={tmp_path / 'in.txt'}",

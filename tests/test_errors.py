@@ -131,6 +131,8 @@ def test_bad_setting_is_one_line(args, message, dataset, world, tmp_path, monkey
 BASE = {
     "probe.py": ["--ckpt=random", "--n_layer=1", "--n_embd=32", "--n_head=2", "--tasks={w}/task3"],
     "embed.py": ["--ckpt=random", "--n_layer=1", "--n_embd=32", "--n_head=2", "--sts={w}/sts.tsv"],
+    "sample.py": ["--ckpt={w}/none.pt", "--device=cpu"],
+    "export.py": ["--ckpt={w}/none.pt"],
     "experiments/sweep.py": ["--glue_dir=", "--glue_tasks=", "--sts=", "--tasks={w}/task3", "--out_dir={w}/sweep",
                              "--axes=main", "--families=bert", "--random_seeds=0", "--compile=False"],
     "bench.py": ["--n_layer=1", "--n_embd=32", "--n_head=2", "--block_size=32", "--compile=False", "--warmup=0",
@@ -156,6 +158,14 @@ WORLD = [
     ("embed.py", ["--pairs={w}/pairs.tsv", "--batch_size=0"], "--batch_size=0: contrastive training needs at least 2"),
     ("embed.py", ["--pairs={w}/pairs.tsv", "--batch_size=1"], "--batch_size=1: contrastive training needs at least 2"),
     ("embed.py", ["--steps=0"], "--steps at least 1 (got 0)"),
+    ("embed.py", ["--pooler=max"], "--pooler='max': expected one of attn, mean"),
+    ("embed.py", ["--unfreeze=yes"], "unfreeze must be a bool"),
+    ("probe.py", ["--model_type=gpt"], "--model_type='gpt': expected one of bert, crossbert, electra"),
+    ("probe.py", ["--max_train=all"], "max_train must be a int"),
+    ("sample.py", ["--text=a <mask>", "--top_k=many"], "top_k must be a int"),
+    ("sample.py", ["--text=a <mask>", "--top_k=0"], "--top_k=0: must be at least 1"),
+    ("export.py", [], "--out=FOLDER is needed"),
+    ("export.py", ["--out={w}/afile/export"], "--out={w}/afile/export: {w}/afile is a file, not a folder"),
     ("experiments/sweep.py", ["--out_dir={w}/afile/sweep"],
      "--out_dir={w}/afile/sweep: {w}/afile is a file, not a folder"),
     ("experiments/sweep.py", ["--tasks={w}/latin1_task"], "--tasks: {w}/latin1_task/train.tsv:3: not UTF-8 text"),
@@ -206,6 +216,32 @@ def test_the_world_is_one_line(script, args, message, world, monkeypatch, capsys
     assert e.value.code == 2 and err.startswith(f"{name}: error: ") and err.count("\n") == 1, err
     assert message.replace("{w}", str(world)) in err
     assert snapshot(world) == before  # checked before anything is written
+
+
+# the evaluators' own arguments, enough to reach their checks
+EVALUATORS = {"probe.py": [], "embed.py": ["--sts=sts.tsv"], "sample.py": ["--text=a <mask>"], "export.py": ["--out=x"]}
+
+
+@pytest.mark.parametrize("script", EVALUATORS)
+def test_an_unknown_setting_is_one_line(script, monkeypatch, capsys):
+    assert "unknown setting 'bogus'" in script_error(monkeypatch, capsys, script, *EVALUATORS[script], "--bogus=1")
+
+
+@pytest.mark.parametrize("device, message", [
+    ("tpu", "--device='tpu': expected cpu or cuda[:N]"),
+    ("cuda", "--device='cuda', but this machine has no CUDA device (or torch is a CPU build); use --device=cpu"),
+    ("cuda:99", "--device='cuda:99', but this machine has"),  # no CUDA device, or fewer than 100
+])
+@pytest.mark.parametrize("script", ["probe.py", "embed.py", "sample.py"])
+def test_a_device_this_machine_lacks_is_one_line(script, device, message):
+    import importlib
+
+    import torch
+    from conftest import assert_one_line_error
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    main = importlib.import_module(script.removesuffix(".py")).main
+    assert_one_line_error(main, [*EVALUATORS[script], f"--device={device}"], script, message)
 
 
 def test_a_full_disk_mid_run_is_one_line(dataset, tmp_path):
@@ -407,9 +443,10 @@ def test_embed_texts_bad_input_is_one_line(files, args, message, tmp_path):
     import embed
     import poolers
     from conftest import assert_one_line_error
+    from features import save_pooler
     for name, content in files.items():
         if content == "pooler64":  # a real pooler file, for a wider backbone
-            embed.save_pooler(tmp_path / name, poolers.AttentionPooler(64, 2), "attn", 64, 2, "big/ckpt.pt")
+            save_pooler(tmp_path / name, poolers.AttentionPooler(64, 2), "attn", 64, 2, "big/ckpt.pt")
         else:
             (tmp_path / name).write_bytes(content)
     before = set(tmp_path.iterdir())

@@ -2,17 +2,17 @@
 as model.encode() and embed.py. The round trips skip without the optional extras; CI installs them."""
 import json
 import os
+import sys
 
 import pytest
 import torch
 
-import embed
 import export
 import poolers
 from checkpoint import save_checkpoint
 from conftest import assert_one_line_error
 from data.tokenizer import MASK, PAD, encode, load_ranks
-from features import embed_texts, pad, tokenize
+from features import embed_texts, pad, save_pooler, tokenize
 from model import MODELS, ModelConfig
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=512)
@@ -41,7 +41,7 @@ def write_pooler(tmp_path, kind, seed=0):
         for p in pooler.parameters():
             p.add_(0.1 * torch.randn_like(p))
     path = tmp_path / f"{kind}-pooler.pt"
-    embed.save_pooler(path, pooler, kind, TINY["n_embd"], TINY["n_head"], "ckpt.pt")
+    save_pooler(path, pooler, kind, TINY["n_embd"], TINY["n_head"], "ckpt.pt")
     return path, pooler.eval()
 
 
@@ -131,7 +131,27 @@ def test_bad_export_input_is_one_line_and_loses_nothing(tmp_path):
     assert_one_line_error(export.main, [f"--ckpt={path}", f"--out={kept}"], "export.py", "already exists")
     assert [p.name for p in kept.iterdir()] == ["mine.txt"] and (kept / "mine.txt").read_text() == "precious"
     wide = tmp_path / "wide.pt"
-    embed.save_pooler(wide, poolers.AttentionPooler(64, 2), "attn", 64, 2, "big/ckpt.pt")
+    save_pooler(wide, poolers.AttentionPooler(64, 2), "attn", 64, 2, "big/ckpt.pt")
     assert_one_line_error(export.main, [f"--ckpt={path}", f"--pooler={wide}", f"--out={tmp_path / 'b'}"],
                           "export.py", "64 dims", "big/ckpt.pt")
     assert sorted(os.listdir(tmp_path)) == sorted(["crossbert.pt", "kept", "wide.pt"])  # no folder half-written
+
+
+def test_export_without_safetensors_is_one_line(tmp_path, monkeypatch):
+    path, _ = write_ckpt(tmp_path)
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # import safetensors fails, as where it is not installed
+    assert_one_line_error(export.main, [f"--ckpt={path}", f"--out={tmp_path / 'out'}"], "export.py",
+                          "export needs safetensors, which is not installed: pip install safetensors")
+    assert not (tmp_path / "out").exists()
+
+
+def test_export_without_sentence_transformers_still_loads_in_transformers(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("safetensors")
+    path, _ = write_ckpt(tmp_path)
+    for name in [m for m in sys.modules if m.startswith("sentence_transformers")] + ["sentence_transformers"]:
+        monkeypatch.setitem(sys.modules, name, None)  # not installed (nor imported by an earlier test)
+    export.main([f"--ckpt={path}", f"--out={tmp_path / 'out'}"])
+    out, err = capsys.readouterr()
+    assert 'pip install "sentence-transformers>=6" "torch==2.13.0"; then export again' in err
+    assert "AutoModel.from_pretrained" in out and "SentenceTransformer" not in out
+    assert (tmp_path / "out" / "model.safetensors").is_file() and not (tmp_path / "out" / "modules.json").exists()

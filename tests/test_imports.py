@@ -66,6 +66,26 @@ def test_no_import_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+def script_imports(root, scripts):
+    """[(file, module)] for every import of one of `scripts` (root modules) by a .py file of root, data/ or
+    experiments/, lazy imports included."""
+    found = []
+    for path in [*root.glob("*.py"), *root.glob("data/**/*.py"), *root.glob("experiments/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            found += [(str(path.relative_to(root)), n) for n in names if n in scripts]
+    return found
+
+
+def test_scripts_do_not_import_scripts(tmp_path):
+    """What two scripts share lives in a library module (features.py for the evaluators), so no file imports a
+    script. probe.py is the one script with a library part, its probes (train.py's monitor, experiments/ use them)."""
+    assert script_imports(ROOT, {"embed", "sample", "export", "train", "bench"}) == []
+    (tmp_path / "sample.py").write_text("def f():\n    from embed import search  # lazy, still an import\n")
+    assert script_imports(tmp_path, {"embed"}) == [("sample.py", "embed")]
+
+
 def test_the_cycle_finder_sees_lazy_and_package_imports(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "__init__.py").write_text("")

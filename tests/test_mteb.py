@@ -5,9 +5,9 @@ import torch
 
 pytest.importorskip("mteb")
 import embed  # noqa: E402  (after the skip: without mteb there is nothing to test here)
-from data.tasks import UserError  # noqa: E402
+from errors import UserError  # noqa: E402
+from features import zero_shot_sts  # noqa: E402
 from model import CrossBERT, ModelConfig  # noqa: E402
-from errors import UserError
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
 
@@ -20,7 +20,7 @@ def test_glue_sts_b_through_mteb_equals_our_zero_shot_score(shared_dir, tmp_path
     tasks = embed.mteb_tasks(str(sts))  # loaded from the local dev.tsv, no hub
     assert [t.metadata.name for t in tasks] == ["STS-B"] and len(tasks[0].dataset["test"]) == 1500
     scores = embed.mteb_scores(model, None, tasks, tmp_path, "crossbert/zero-shot", "random")
-    ours = embed.zero_shot_sts(model, sts)
+    ours = zero_shot_sts(model, sts)
     assert 5 < abs(ours) < 100 and scores == {"mteb/STS-B": pytest.approx(ours, abs=1e-6)}
     saved = json.loads((tmp_path / "results/crossbert__zero-shot/random/STS-B.json").read_text())  # mteb's layout
     assert saved["scores"]["test"][0]["cosine_spearman"] == pytest.approx(ours / 100, abs=1e-6)

@@ -1,4 +1,3 @@
-import argparse
 import json
 import math
 import subprocess
@@ -9,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+import features
 import probe
 from conftest import assert_one_line_error, script_error
 from data.tasks import load_task
@@ -57,27 +57,6 @@ def test_probe_separates_a_separable_task():
 
 
 # ---------------------------------------------------------------- metrics
-
-def test_metrics_by_hand():
-    pred, gold = np.array([1, 1, 0, 0, 1]), np.array([1, 0, 0, 0, 1])
-    assert probe.accuracy(pred, gold) == pytest.approx(0.8)
-    assert probe.f1(pred, gold) == pytest.approx(0.8)  # tp 2, fp 1, fn 0: 4 / 5
-    assert probe.matthews(pred, gold) == pytest.approx(4 / 6)  # (2*2 - 1*0) / sqrt(3*2*3*2)
-    assert probe.matthews(np.ones(4), np.array([1, 0, 1, 0])) == 0.0  # predicted class 0 missing
-    assert probe.matthews(np.array([1, 0, 1, 0]), np.zeros(4)) == 0.0  # gold class 1 missing
-    assert probe.f1(np.zeros(3), np.array([1, 0, 0])) == 0.0
-    # 3 classes: per-class F1 1, 2/3, 0 -> mean 5/9
-    assert probe.macro_f1(np.array([0, 1, 1, 0]), np.array([0, 1, 2, 0])) == pytest.approx(5 / 9)
-    assert probe.pearson(np.array([1.0, 2, 3]), np.array([2.0, 4, 7])) == pytest.approx(5 / math.sqrt(2 * 38 / 3))
-    assert probe.pearson(np.ones(3), np.arange(3.0)) == 0.0
-
-
-def test_spearman_with_ties():
-    assert probe.ranks(np.array([10, 20, 20, 30, 20])).tolist() == [1, 3, 3, 5, 3]
-    # ranks x: 1, 2.5, 2.5, 4; y: 1, 3, 2, 4 -> covariance 4.5 / sqrt(4.5 * 5)
-    assert probe.spearman(np.array([1, 2, 2, 3]), np.array([1, 3, 2, 4])) == pytest.approx(4.5 / math.sqrt(22.5))
-    assert probe.spearman(np.array([3.0, 1, 2]), np.array([30.0, 10, 20])) == pytest.approx(1.0)
-
 
 def test_score_averages_task_metrics_in_percent():
     s, values = probe.score(np.array([1, 1, 0, 0, 1]), np.array([1, 0, 0, 0, 1]), ("f1", "acc"))
@@ -215,22 +194,19 @@ def test_checkpoint_and_train_monitor(tmp_path):
 
 
 def test_random_twin_of_a_checkpoint_keeps_its_shape_and_vocabulary_map(tmp_path, monkeypatch, capsys):
-    from features import add_model_args, load_model
     torch.manual_seed(123)
     model = CrossBERT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=64))
     model.vocab_map.copy_(torch.randint(0, 64, model.vocab_map.shape))  # a compact vocabulary's map
     ckpt = tmp_path / "ckpt.pt"
     torch.save(dict(model=model.state_dict(), model_type="crossbert", model_args=asdict(model.config)), ckpt)
-    parser = argparse.ArgumentParser()
-    add_model_args(parser)
-    twins = [load_model(parser.parse_args(["--ckpt=random", f"--like={ckpt}", f"--seed={s}", "--device=cpu"]))[0]
-             for s in (0, 1)]
+    settings = dict(features.MODEL_SETTINGS, ckpt="random", device="cpu")
+    twins = [features.load_model(dict(settings, like=str(ckpt), seed=s))[0] for s in (0, 1)]
     for twin in twins:
         assert twin.config == model.config and torch.equal(twin.vocab_map, model.vocab_map)
         assert not torch.equal(twin.wte.weight, model.wte.weight)  # fresh weights
     assert not torch.equal(twins[0].wte.weight, twins[1].wte.weight)  # the seed picks them
     # without --like, a random model cannot know the checkpoint's map: it sees every GPT-2 id
-    plain = load_model(parser.parse_args(["--ckpt=random", "--n_layer=2", "--n_head=2", "--n_embd=32", "--device=cpu"]))[0]
+    plain = features.load_model(dict(settings, n_layer=2, n_head=2, n_embd=32))[0]
     assert plain.vocab_map is None
     glue = tiny_glue(tmp_path / "glue")
     assert "pass it with --ckpt=random" in script_error(monkeypatch, capsys, "probe.py", "--ckpt=out/none.pt",

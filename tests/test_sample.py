@@ -128,7 +128,7 @@ def test_bad_input_ends_in_one_line(trained, tmp_path, capsys):
         ([ckpt, "--views=" + " ".join(["word"] * 11)], "--views is 11 tokens, longer than the checkpoint's block of 10"),
         ([f"--ckpt={trained['bert']}", "--views=fox"], "--views is 1 tokens, too short to mask 0.2 of it"),
         ([ckpt, f"--neighbours={tmp_path / 'empty.txt'}", "--query=a fox"], "no text in it"),
-        ([ckpt, f"--neighbours={tmp_path / 'nope.txt'}", "--query=a fox"], "no such file"),
+        ([ckpt, f"--neighbours={tmp_path / 'nope.txt'}", "--query=a fox"], f"--neighbours={tmp_path / 'nope.txt'}: no such file"),
         ([ckpt, "--query=a fox"], "--neighbours=FILE and --query=TEXT go together"),
         ([ckpt], "pass one of --text=..., --views=... or --neighbours=FILE --query=..."),
         ([ckpt, "--text=a <mask>", "--views=a b"], "pass one of"),
