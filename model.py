@@ -80,33 +80,10 @@ class ModelConfig:
     rtd_weight: float = 50.0        # ELECTRA's loss: MLM + rtd_weight x replaced-token detection
 
     def __post_init__(self):
-        """The paper's defaults for the fields left at None, then checks: a shape no model can have is a ValueError
-        that names the setting and the fix (train.py, sweep.py, bench.py, flops.py and the evaluators all build
-        their models through here)."""
-        if self.model_type not in ("bert", "crossbert", "electra"):
-            raise ValueError(f"model_type={self.model_type!r}: expected one of bert, crossbert, electra")
-        for name in ("n_layer", "n_head", "n_embd", "block_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)}: must be at least 1")
-        if self.n_embd % self.n_head or (self.n_embd // self.n_head) % 2:
-            fits = next(h for h in range(self.n_head, 0, -1) if self.n_embd % h == 0 and (self.n_embd // h) % 2 == 0)
-            raise ValueError(f"n_embd={self.n_embd} must split into n_head={self.n_head} heads of an even size "
-                             f"(rotary embeddings rotate pairs); e.g. n_head={fits}")
-        if self.mlp not in ("geglu", "gelu"):
-            raise ValueError(f"mlp={self.mlp!r}: expected geglu or gelu")
-        if not 4 <= self.vocab_size <= self.token_ids:
-            raise ValueError(f"vocab_size={self.vocab_size}: a compact vocabulary has 4 to {self.token_ids} ids "
-                             "(0 in the scripts' settings: GPT-2's full vocabulary)")
-        if self.pred_layer is not None and self.pred_layer < 1:
-            raise ValueError(f"pred_layer={self.pred_layer}: CrossBERT needs a predictor of at least 1 block "
-                             "(or None for n_layer // 4)")
-        if self.gen_layer is not None and self.gen_layer < 1:
-            raise ValueError(f"gen_layer={self.gen_layer}: ELECTRA needs a generator of at least 1 block (or None for "
-                             "n_layer)")
-        if not 0 < self.gen_width <= 1:
-            raise ValueError(f"gen_width={self.gen_width}: ELECTRA's generator width is a fraction of n_embd, in (0, 1]")
-        if self.mask_ratio is not None and not 0 < self.mask_ratio < 1:
-            raise ValueError(f"mask_ratio={self.mask_ratio}: must be strictly between 0 and 1")
+        """The fields checked (check_config, at the end of the file: a shape no model can have is a ValueError that
+        names the setting and the fix; train.py, sweep.py, bench.py, flops.py and the evaluators all build their models
+        through here), then the paper's defaults for the fields left at None."""
+        check_config(self)
         if self.mask_token_id is None:
             self.mask_token_id = 50257 if self.vocab_size >= self.token_ids else self.vocab_size - 2
         if self.mask_ratio is None:
@@ -118,10 +95,7 @@ class ModelConfig:
             self.pred_layer = max(1, self.n_layer // 4)
         if self.gen_layer is None:
             self.gen_layer = self.n_layer
-        if self.model_type == "electra" and self.random_replace:
-            raise ValueError("random_replace (BERT's 80/10/10) would show ELECTRA's generator some of the tokens it "
-                             "must predict; leave it off for ELECTRA")
-        self.views  # raises if the views cannot be cut
+        self.views  # raises if the views cannot be cut (masking.view_shape)
 
     @property
     def views(self):
@@ -157,7 +131,7 @@ def make_config(settings):
 
 
 # ----------------------------------------------------------------------------
-# The three models, and what they share; the transformer parts they are built of come last
+# The three models, and what they share; then the transformer parts they are built of, and last the config's checks
 
 class MaskedLM(nn.Module):
     """What the models share: the token embedding, the encoder stack, the tied LM head,
@@ -496,3 +470,37 @@ class PredictionHead(nn.Module):
 
     def forward(self, h):
         return self.ln(F.gelu(self.dense(h)))
+
+
+# ----------------------------------------------------------------------------
+# The checks of a config's fields, as given (None: the model's default, filled in after)
+
+def check_config(config):
+    """A ValueError that names the setting and the fix, for a field no model can have."""
+    if config.model_type not in ("bert", "crossbert", "electra"):
+        raise ValueError(f"model_type={config.model_type!r}: expected one of bert, crossbert, electra")
+    for name in ("n_layer", "n_head", "n_embd", "block_size"):
+        if getattr(config, name) < 1:
+            raise ValueError(f"{name}={getattr(config, name)}: must be at least 1")
+    if config.n_embd % config.n_head or (config.n_embd // config.n_head) % 2:
+        fits = next(h for h in range(config.n_head, 0, -1) if config.n_embd % h == 0 and (config.n_embd // h) % 2 == 0)
+        raise ValueError(f"n_embd={config.n_embd} must split into n_head={config.n_head} heads of an even size "
+                         f"(rotary embeddings rotate pairs); e.g. n_head={fits}")
+    if config.mlp not in ("geglu", "gelu"):
+        raise ValueError(f"mlp={config.mlp!r}: expected geglu or gelu")
+    if not 4 <= config.vocab_size <= config.token_ids:
+        raise ValueError(f"vocab_size={config.vocab_size}: a compact vocabulary has 4 to {config.token_ids} ids "
+                         "(0 in the scripts' settings: GPT-2's full vocabulary)")
+    if config.pred_layer is not None and config.pred_layer < 1:
+        raise ValueError(f"pred_layer={config.pred_layer}: CrossBERT needs a predictor of at least 1 block "
+                         "(or None for n_layer // 4)")
+    if config.gen_layer is not None and config.gen_layer < 1:
+        raise ValueError(f"gen_layer={config.gen_layer}: ELECTRA needs a generator of at least 1 block (or None for "
+                         "n_layer)")
+    if not 0 < config.gen_width <= 1:
+        raise ValueError(f"gen_width={config.gen_width}: ELECTRA's generator width is a fraction of n_embd, in (0, 1]")
+    if config.mask_ratio is not None and not 0 < config.mask_ratio < 1:
+        raise ValueError(f"mask_ratio={config.mask_ratio}: must be strictly between 0 and 1")
+    if config.model_type == "electra" and config.random_replace:
+        raise ValueError("random_replace (BERT's 80/10/10) would show ELECTRA's generator some of the tokens it "
+                         "must predict; leave it off for ELECTRA")
