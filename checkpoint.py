@@ -9,9 +9,12 @@ parameter name, so any script reads any run's checkpoint, and a run resumes with
 
 For train.py: check_run() checks a run's settings against each other, the machine, its out_dir and the checkpoint it
 resumes, before anything is built or written; run_state() and restore() move a run's state in and out of a
-checkpoint; start_log() opens its log.
+checkpoint, and save_snapshot() keeps its weights along the way; start_log() opens its log; probe_run() runs its
+frozen probes; Signals ends it cleanly: Ctrl-C in one line, and a cluster's preemption (SIGTERM, SIGUSR1) with the
+step in flight saved and exit status PREEMPTED, after which --init_from=resume continues it exactly.
 """
 import functools
+import gc
 import glob
 import hashlib
 import json
@@ -19,6 +22,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import asdict
@@ -26,7 +30,7 @@ from dataclasses import asdict
 import torch
 import torch.distributed as dist
 
-from errors import UserError, at_least, check_device, check_writable
+from errors import UserError, at_least, check_device, check_writable, interrupt_hook
 from data.tasks import GLUE, load_task
 from model import MODELS, ModelConfig, make_config
 
@@ -234,11 +238,25 @@ def restore(ckpt, model, optimizer, rank, device):
     return True
 
 
-def start_log(out_dir, resumed_step=None):
-    """A run's out_dir/log.jsonl, open for appending. A scratch run starts it empty, so that records never mix across
-    runs, and first removes the checkpoint it replaces (overwrite=True), so that a crash before its first save cannot
-    leave the old checkpoint beside the new log. A resumed run keeps the records before resumed_step (and that step's
-    training record), the ones it will not write again. The records kept are written whole, then renamed."""
+def save_snapshot(out_dir, model, record):
+    """The model's weights alone, with `record` (its run, step and val loss): out_dir/snapshots/stepNNNNNN.pt, read like
+    a checkpoint by load_checkpoint and probe.py (no optimizer state: a point to probe, not to resume). Every process
+    calls it (FSDP gathers its shards); rank 0 writes it, and returns its path."""
+    state = model_state(model)
+    if dist.is_initialized() and dist.get_rank() > 0:
+        return None
+    path = os.path.join(out_dir, "snapshots", f"step{record['step']:06d}.pt")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    save_checkpoint(path, {"model": state, **record})
+    return path
+
+
+def start_log(out_dir, resumed_step=None, wandb_run=None):
+    """write(record): a run's records, one JSON object a line appended to out_dir/log.jsonl, and sent live to wandb_run
+    (at the record's step) if given. A scratch run starts the log empty, so that records never mix across runs, and
+    first removes the checkpoint it replaces (overwrite=True), so that a crash before its first save cannot leave the
+    old checkpoint beside the new log. A resumed run keeps the records before resumed_step (and that step's training
+    record), the ones it will not write again. The records kept are written whole, then renamed."""
     os.makedirs(out_dir, exist_ok=True)
     path, kept = os.path.join(out_dir, "log.jsonl"), []
     if resumed_step is None and os.path.exists(os.path.join(out_dir, "ckpt.pt")):
@@ -250,4 +268,99 @@ def start_log(out_dir, resumed_step=None):
     with open(path + ".tmp", "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in kept)
     os.replace(path + ".tmp", path)
-    return open(path, "a")
+    log = open(path, "a")
+
+    def write(record):
+        log.write(json.dumps(record) + "\n")
+        log.flush()
+        if wandb_run:
+            wandb_run.log(record, step=record["step"])
+    return write
+
+
+def probe_run(probe, model, s, device, group):
+    """The frozen probes of a run's model, the paper's monitor: probe.probe_tasks (passed in, since probe.py imports
+    this module through features.py) with train.py's settings s (probe_tasks, probe_glue_dir, probe_max_train), on
+    rank 0, whose scores it returns (None elsewhere). Every process calls it; the others wait in `group`, a group with
+    a long timeout, since a probe may take longer than the default group's (10-30 min), which would end the run in
+    whatever collective they waited in instead. A sharded model (FSDP) cannot run on one process alone: rank 0 probes
+    an unsharded copy."""
+    master = not dist.is_initialized() or dist.get_rank() == 0
+    if s["fsdp"]:
+        state = model_state(model)
+        if master:
+            model = type(model)(model.config).to(device)
+            model.load_state_dict(state)
+    scores = probe(model, s["probe_tasks"], s["probe_glue_dir"] or None, s["probe_max_train"]) if master else None
+    if dist.is_initialized():
+        dist.barrier(group=group)
+    return scores
+
+
+# -----------------------------------------------------------------------------
+# How a run ends: finished, interrupted (Ctrl-C) or preempted (SIGTERM, SIGUSR1)
+
+PREEMPTED = 75  # EX_TEMPFAIL (sysexits.h): not done and not failed, "try again": a job script can tell it from a
+                # finished run (0), a crash (1) and bad input (2), and requeue the same command with --init_from=resume
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Signals:
+    """A training run's signal handling, from its creation to exit(). Ctrl-C ends the run in one line naming the
+    checkpoint to resume from (a Ctrl-C mid-save is held until the file is whole: save_checkpoint).
+
+    Preemption: a cluster ends a job with SIGTERM, or first with a signal it was told to send (SLURM:
+    --signal=USR1@120). The handler only notes the signal and the step it came after (step(), the run's current
+    step); the run finishes the step it is in, asks stop_now(), saves a checkpoint and calls exit(), which exits with
+    PREEMPTED. A second signal during the save is noted and nothing more (the write is atomic anyway, and holds
+    Ctrl-C), so nothing can be left half-written."""
+
+    def __init__(self, step, out_dir):
+        self.step, self.ckpt_path = step, os.path.join(out_dir, "ckpt.pt")
+        self.came = None  # (the signal's name, the step it came after)
+        interrupt_hook("train.py", lambda: f"interrupted at step {step()}; " + (
+            f"the last checkpoint is {self.ckpt_path}; continue with --init_from=resume --out_dir={out_dir}"
+            if os.path.exists(self.ckpt_path) else "no checkpoint was written yet"))
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self.note)
+            signal.siginterrupt(sig, False)  # a system call it interrupts restarts, as a collective's socket reads must
+
+    def note(self, signum, frame):
+        self.came = self.came or (signal.Signals(signum).name, self.step())
+
+    def stop_now(self, log_point, device):
+        """Whether to stop now for a signal, with the same answer on every process. One process reads its flag, a
+        Python variable, every step: no sync. On torchrun a signal reaches the processes at different steps (or only
+        some of them), but all must stop at the same step, since saving is a collective: they agree with one
+        all_reduce of their flags at each log point (log_point: this step is one), where the loss is read anyway, and
+        never in between, so no step waits on the others or on the device for it. The cost: a signal stops them up to
+        log_interval steps later."""
+        if not dist.is_initialized():
+            return self.came is not None
+        if not log_point:
+            return False
+        flag = torch.tensor(self.came is not None, dtype=torch.int32, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag)
+
+    def exit(self, stopped):
+        """End the process once all is saved: after a stop (stopped), rank 0 says in one line what came, where the run
+        stopped and how to continue it, and every process exits with PREEMPTED; after a finished run, with 0. The
+        caller drops what holds the process group first (the model, the optimizer)."""
+        if stopped and (not dist.is_initialized() or dist.get_rank() == 0):
+            why = f"{self.came[0]} came after step {self.came[1]}" if self.came else "another process was signalled"
+            print(f"train.py: {why}; stopped at step {self.step()} and saved {self.ckpt_path}; continue with the same "
+                  f"settings and --init_from=resume (exit status {PREEMPTED})", file=sys.stderr, flush=True)
+        if dist.is_initialized():
+            # free what holds the process group (DDP/FSDP state, the optimizer) while the interpreter is alive, then
+            # leave together: a gloo group left for interpreter exit to destroy can abort with "terminate called
+            # without an active exception" after the run has finished
+            gc.collect()
+            dist.barrier()
+            dist.destroy_process_group()
+        # all is saved and the process group is gone: a signal has nothing left to stop. Ignored, it cannot change the
+        # exit status: torchrun signals the processes still exiting once one has exited, and Python, shutting down,
+        # would restore the default handlers, which end a process by the signal
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        sys.exit(PREEMPTED if stopped else 0)

@@ -20,6 +20,13 @@ class Views(NamedTuple):
     visible_pos: torch.Tensor  # (N, K) positions the view keeps
     target_pos: torch.Tensor   # (N, M) positions the view must predict; K + M = T
 
+    # tensor-like, so that a trainer moves a batch's tensors and views alike
+    def pin_memory(self):
+        return Views(*(t.pin_memory() for t in self))
+
+    def to(self, *args, **kwargs):
+        return Views(*(t.to(*args, **kwargs) for t in self))
+
 
 def view_shape(block_size, mask_ratio, cms):
     """(V, K, M): views per sequence, visible and predicted positions per view.
@@ -87,3 +94,14 @@ def corrupt(idx, target_pos, mask_id, random_replace=False, generator=None):
         noise = torch.randint(0, mask_id, target_pos.shape, generator=generator, device=target_pos.device)
         fill = torch.where(u < 0.8, fill, torch.where(u < 0.9, noise, idx.gather(1, target_pos)))
     return idx.scatter(1, target_pos, fill)
+
+
+def draws_of_rows(draws, rows, n_views):
+    """A model's random inputs for a batch (its draw(): the Views, then tensors with a row per view) cut to the input
+    rows `rows` (a slice) of that batch: their views, with rows renumbered from 0 to index the cut batch, and the
+    other draws' rows of those views. A trainer that splits a batch over processes and micro-steps draws for the
+    whole batch and cuts, so each row's draws do not depend on how the batch is split."""
+    views, *per_view = draws
+    mine = slice(rows.start * n_views, rows.stop * n_views)  # the n_views views of each input row are consecutive
+    return (Views(views.rows[mine] - rows.start, views.visible_pos[mine], views.target_pos[mine]),
+            *(t[mine] for t in per_view))

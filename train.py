@@ -12,11 +12,8 @@ Settings are the globals below; config/*.py files and --key=value arguments over
 SIGUSR1 (a cluster's preemption) a run saves the step it is in and exits with status 75; --init_from=resume continues it.
 """
 import datetime
-import gc
-import json
 import math
 import os
-import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -29,11 +26,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import checkpoint
 from configurator import configure
-from errors import UserError, fail, interrupt_hook, user_errors, user_errors_hook
+from errors import UserError, fail, optional, user_errors, user_errors_hook
 from data.loader import load_splits
 
 from flops import budget_steps, checked_peak, fastest_dtype, peak_flops, peak_from_table, training_flops
-from masking import Views
+from masking import draws_of_rows
 from model import MODELS
 
 user_errors_hook("train.py")  # e.g. a path that cannot be written, anywhere below, ends in one line
@@ -110,8 +107,9 @@ settings = {k: globals()[k] for k in settings}
 ddp = "RANK" in os.environ  # set by torchrun
 rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")) if ddp else (0, 0, 1)
 master = rank == 0
-with user_errors("train.py"):  # every setting checked; the checkpoint to resume, if any
+with user_errors("train.py"):  # every setting checked, and wandb there if asked for; the checkpoint to resume, if any
     config, ckpt = checkpoint.check_run(settings, world_size)
+    wandb = optional("wandb", "--wandb_log=True") if wandb_log else None
 n_views, _, n_predicted = config.views
 # the batch: total_batch_size is fixed; each process takes an equal share of a step's rows, in micro-steps of
 # at most batch_size rows, so any number of processes sees the same data (see get_batch)
@@ -127,9 +125,8 @@ if ddp:
     if rank > 0:
         checkpoint.reach_master(join_timeout)
     dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
-    # the other processes wait out the master's probes in this group: a probe may take longer than the process
-    # group's timeout (10-30 min), which would end the run in whatever collective they waited in instead
-    probe_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=1)) if probe_interval else None
+# the other processes wait out the master's probes in a group of their own, with a long timeout (checkpoint.probe_run)
+probe_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=1)) if ddp and probe_interval else None
 device_type = "cuda" if device.startswith("cuda") else "cpu"
 
 
@@ -148,8 +145,7 @@ torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cudnn.allow_tf32 = True
 autocast = nullcontext() if dtype == "float32" else torch.autocast(device_type, dtype=getattr(torch, dtype))
 
-# data: memory-mapped token files (the built-in corpus is prepared on first use), the compact vocabulary's map, and
-# the unigram baseline, what a model that ignores context scores on val (data/loader.py)
+# data: memory-mapped token files (the built-in corpus is prepared at first use), the vocabulary map, the unigram loss
 data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset)
 if dataset == "tinybooks" and not os.path.exists(os.path.join(data_dir, "val.bin")) and master:
     from data.tinybooks.prepare import prepare
@@ -161,26 +157,7 @@ try:
 except (FileNotFoundError, UserError) as e:
     fail(f"{e} (prepare it with data/<corpus>/prepare.py --out_dir={data_dir})")
 
-
-def get_batch(split, index, rows=slice(None)):
-    """Rows `rows` of batch `index` of `split` (a step's rows_per_step rows), on the device: the model's arguments,
-    the tokens and its random inputs (model.draw(): the views, ELECTRA's sampling uniforms). Every row is a function
-    of (seed, split, index, row), so any split of a batch over processes and micro-steps sees the same data, and a
-    resumed run continues exactly. The seed changes the training data and the initial weights, nothing else."""
-    # validation batches are the same for every seed (the default seed's), so val losses compare across seeds
-    key = np.random.SeedSequence([seed if split == "train" else 1337, split == "val", index]).generate_state(2)
-    idx = windows[split].sample(rows_per_step, key, rows)
-    draws = raw_model.draw(rows_per_step, block_size, generator=torch.Generator().manual_seed(int(key[1])))
-    lo, hi, _ = rows.indices(rows_per_step)
-    mine = slice(lo * n_views, hi * n_views)  # the views of input rows lo..hi-1, renumbered from 0 (views are rows)
-    batch = [idx, *(Views(d.rows[mine] - lo, d.visible_pos[mine], d.target_pos[mine]) if isinstance(d, Views)
-                    else d[mine] for d in draws)]
-    if device_type == "cuda":
-        batch = [t.pin_memory().to(device, non_blocking=True) if torch.is_tensor(t) else
-                 type(t)(*(x.pin_memory().to(device, non_blocking=True) for x in t)) for t in batch]
-    return batch
-
-
+# the model, its optimizer, and the state of the run it resumes, if any
 model = MODELS[model_type](config)
 if vocab_map is not None:
     model.vocab_map.copy_(torch.from_numpy(vocab_map))
@@ -199,8 +176,8 @@ if ckpt:  # resume: its weights, optimizer and RNG states, copied in (checkpoint
         log(f"note: {ckpt_path} holds {ckpt['rng_device']} RNG states and this run is on {device_type}: dropout draws a "
             f"fresh stream{' (dropout is 0: nothing changes)' if not dropout else ', so the run is no longer exact'}")
     step, tokens_seen, flops_seen = ckpt["step"], ckpt["tokens"], ckpt["flops"]
-    resumed_max_iters = ckpt.get("max_iters")  # the run's length after its budget (older checkpoints: unknown)
-    wandb_id = ckpt.get("wandb_id")  # a resumed run's records go on in its wandb run
+    # the run's length after its budget (older checkpoints: unknown), and its wandb run, where its records go on
+    resumed_max_iters, wandb_id = ckpt.get("max_iters"), ckpt.get("wandb_id")
     log(f"resumed from {ckpt_path} at step {step}")
     del ckpt  # the copies live in the model and optimizer now
 raw_model = model  # checkpoints hold its state_dict: no "_orig_mod." or "module." prefixes
@@ -208,6 +185,22 @@ if compile:
     model = torch.compile(model)
 if ddp and not fsdp:  # the only buffers are the RoPE tables and the vocabulary map, which never change: no broadcasts
     model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None, broadcast_buffers=False)
+
+
+def get_batch(split, index, rows):
+    """Rows `rows` of batch `index` of `split` (a step's rows_per_step rows), on the device: the model's arguments,
+    the tokens and its random inputs (model.draw(): the views, ELECTRA's sampling uniforms). Every row is a function
+    of (seed, split, index, row), so any split of a batch over processes and micro-steps sees the same data, and a
+    resumed run continues exactly. The seed changes the training data and the initial weights, nothing else."""
+    # validation batches are the same for every seed (the default seed's), so val losses compare across seeds
+    key = np.random.SeedSequence([seed if split == "train" else 1337, split == "val", index]).generate_state(2)
+    idx = windows[split].sample(rows_per_step, key, rows)
+    draws = raw_model.draw(rows_per_step, block_size, generator=torch.Generator().manual_seed(int(key[1])))
+    batch = [idx, *draws_of_rows(draws, rows, n_views)]
+    if device_type == "cuda":
+        batch = [t.pin_memory().to(device, non_blocking=True) for t in batch]
+    return batch
+
 
 flops_per_step = training_flops(config, model_type, rows_per_step)  # all processes together
 if max_flops:  # a compute budget: the most steps that fit in it, and the LR schedule follows
@@ -229,6 +222,15 @@ log(f"{world_size} process(es) x {grad_accum} micro-step(s) x {micro_batch} rows
 log(f"MFU is against a peak of {peak / world_size:.3g} FLOP/s per device ("
     f"{'its datasheet' if peak_from_table(torch.device(device), getattr(torch, dtype)) else 'the best of 10 matmuls'})")
 log(f"unigram baseline: a model that ignores context scores {unigram:.4f} nats on val")
+# the run's records: out_dir/log.jsonl, and live curves on wandb (optional), the master's
+wandb_run = wandb.init(project=wandb_project, name=wandb_run_name or out_dir, config=settings, id=wandb_id,
+                       resume="allow") if wandb and master else None
+write_log = (checkpoint.start_log(out_dir, step if init_from == "resume" else None, wandb_run) if master
+             else lambda record: None)
+write_log({"step": step, "code": checkpoint.code_version(), "unigram_loss": round(unigram, 4), "max_iters": max_iters,
+           "flops_per_step": flops_per_step, "tokens_per_step": tokens_per_step,
+           "positions_per_step": positions_per_step, "world_size": world_size,
+           "peak_flops_per_device": peak / world_size, "mask_ratio": n_predicted / block_size})
 
 
 def get_lr(it):
@@ -239,8 +241,7 @@ def get_lr(it):
 
 
 def metrics(loss, stats):
-    """A step's loss, then the model's stats (a composite loss's parts), as one tensor: summed on the device and
-    read only when logging, so there is no host sync per step."""
+    """The loss and the model's stats as one tensor: summed on the device, read only when logging (no sync per step)."""
     return torch.stack([loss.detach().float(), *(v.float() for v in stats.values())])
 
 
@@ -252,9 +253,8 @@ def my_rows(micro):
 
 @torch.no_grad()
 def estimate_val_loss():
-    """{"loss": mean, and each of the model's stats: mean} over eval_iters fixed validation batches. Each batch is
-    the size of a training step and is split over processes and micro-steps as a step is, so neither batch_size nor
-    the process count changes the data."""
+    """{"loss": mean, and each of the model's stats: mean} over eval_iters fixed validation batches, each split over
+    processes and micro-steps as a training step is: neither batch_size nor the process count changes the data."""
     model.eval()
     total = 0
     for i in range(eval_iters):
@@ -268,28 +268,19 @@ def estimate_val_loss():
     return dict(zip(["loss", *stats], (total[:-1] / total[-1]).tolist()))
 
 
+def run_record():
+    """What a checkpoint or snapshot says of its run: the model, the settings, the code, and how far it got."""
+    return {"model_type": model_type, "model_args": asdict(config), "config": settings,
+            "code": checkpoint.code_version(), "step": step, "tokens": tokens_seen, "flops": flops_seen}
+
+
 def save_checkpoint():
     """Gather every process's state and write out_dir/ckpt.pt (atomically: see checkpoint.py)."""
     state = checkpoint.run_state(raw_model, optimizer, torch.device(device))  # every process takes part
     if master:
-        checkpoint.save_checkpoint(ckpt_path, {**state, "model_type": model_type, "model_args": asdict(config),
-                                               "config": settings, "step": step, "tokens": tokens_seen,
-                                               "flops": flops_seen, "max_iters": max_iters,
+        checkpoint.save_checkpoint(ckpt_path, {**state, **run_record(), "max_iters": max_iters,
                                                "wandb_id": wandb_run.id if wandb_run else None})
         log(f"saved checkpoint to {ckpt_path} (step {step})")
-
-
-def save_snapshot(val_loss):
-    """The weights alone at this step, with its val loss: out_dir/snapshots/stepNNNNNN.pt, read like a checkpoint by
-    load_checkpoint and probe.py (no optimizer state: a point to probe, not to resume)."""
-    state = checkpoint.model_state(raw_model)  # every process takes part (FSDP gathers its shards)
-    if master:
-        os.makedirs(os.path.join(out_dir, "snapshots"), exist_ok=True)
-        path = os.path.join(out_dir, "snapshots", f"step{step:06d}.pt")
-        checkpoint.save_checkpoint(path, {"model": state, "model_type": model_type, "model_args": asdict(config),
-                                          "config": settings, "step": step, "tokens": tokens_seen, "flops": flops_seen,
-                                          "val_loss": val_loss})
-        log(f"saved snapshot to {path} (step {step})")
 
 
 def stop_non_finite(what, value):
@@ -298,78 +289,7 @@ def stop_non_finite(what, value):
              f"learning_rate (now {learning_rate}), a lower init_std (now {init_std}), or grad_clip")
 
 
-def run_probe():
-    """Frozen GLUE probes, the paper's monitor, on the master process; every process calls this."""
-    from probe import probe_tasks as probe
-    target = raw_model
-    if fsdp:  # a sharded model cannot run on one process alone: probe an unsharded copy
-        state = checkpoint.model_state(raw_model)
-        if master:
-            target = type(raw_model)(config).to(device)
-            target.load_state_dict(state)
-    scores = probe(target, probe_tasks, probe_glue_dir or None, probe_max_train) if master else None
-    if ddp:
-        dist.barrier(group=probe_group)
-    return scores
-
-
-log_file = checkpoint.start_log(out_dir, step if init_from == "resume" else None) if master else None
-wandb_run = None
-if wandb_log and master:  # live curves, optional: wandb is imported only here
-    import wandb
-    wandb_run = wandb.init(project=wandb_project, name=wandb_run_name or out_dir, config=settings, id=wandb_id,
-                           resume="allow")
-
-
-def write_log(record):
-    if log_file:
-        log_file.write(json.dumps(record) + "\n")
-        log_file.flush()
-    if wandb_run:
-        wandb_run.log(record, step=record["step"])
-
-
-write_log({"step": step, "unigram_loss": round(unigram, 4), "max_iters": max_iters, "flops_per_step": flops_per_step,
-           "tokens_per_step": tokens_per_step, "positions_per_step": positions_per_step, "world_size": world_size,
-           "peak_flops_per_device": peak / world_size, "mask_ratio": n_predicted / block_size})
-# Ctrl-C: one line naming the checkpoint to resume from (a Ctrl-C mid-save is held until the file is whole)
-interrupt_hook("train.py", lambda: f"interrupted at step {step}; " + (
-    f"the last checkpoint is {ckpt_path}; continue with --init_from=resume --out_dir={out_dir}"
-    if os.path.exists(ckpt_path) else "no checkpoint was written yet"))
-
-# Preemption: a cluster ends a job with SIGTERM, or first with a signal it was told to send (SLURM: --signal=USR1@120).
-# The handler only notes the signal and the step it came after; the loop finishes the step it is in, saves a checkpoint
-# and exits with PREEMPTED. A second signal during the save is noted and nothing more (the write is atomic anyway, and
-# holds Ctrl-C), so nothing can be left half-written.
-PREEMPTED = 75  # EX_TEMPFAIL (sysexits.h): not done and not failed, "try again": a job script can tell it from a
-                # finished run (0), a crash (1) and bad input (2), and requeue the same command with --init_from=resume
-stop = None     # (the signal's name, the step it came after)
-
-
-def on_stop_signal(signum, frame):
-    global stop
-    stop = stop or (signal.Signals(signum).name, step)
-
-
-for sig in (signal.SIGTERM, signal.SIGUSR1):
-    signal.signal(sig, on_stop_signal)
-    signal.siginterrupt(sig, False)  # a system call it interrupts restarts, as a collective's socket reads must
-
-
-def preempted():
-    """Whether to stop now for a signal, with the same answer on every process. One process reads its flag, a Python
-    variable, every step: no sync. On torchrun a signal reaches the processes at different steps (or only some of
-    them), but all must stop at the same step, since saving is a collective: they agree with one all_reduce of their
-    flags at each log point, where the loss is read anyway, and never in between, so no step waits on the others or
-    on the device for it. The cost: a signal stops them up to log_interval steps later."""
-    if not ddp:
-        return stop is not None
-    if step % log_interval:
-        return False
-    flag = torch.tensor(stop is not None, dtype=torch.int32, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag)
-
+signals = checkpoint.Signals(lambda: step, out_dir)  # Ctrl-C: one line; SIGTERM, SIGUSR1: save the step; exit 75
 
 # -----------------------------------------------------------------------------
 # training loop
@@ -392,11 +312,13 @@ while True:
         line = (f"step {step}: val loss {val_loss:.4f}, {abs(gap):.3f} nats {'below' if gap >= 0 else 'above'} the "
                 f"unigram baseline {unigram:.3f}" + "".join(f", {k} {v:.4f}" for k, v in val.items()))
         if probe_interval and step % probe_interval == 0:
-            record["probe"] = run_probe()
+            from probe import probe_tasks as probe  # imported only by a run that probes
+            record["probe"] = checkpoint.probe_run(probe, raw_model, settings, device, probe_group)
         log(line + (f", probe {record['probe']}" if "probe" in record else ""))
         write_log(record)
         if step in snapshot_steps:
-            save_snapshot(val_loss)
+            path = checkpoint.save_snapshot(out_dir, raw_model, {**run_record(), "val_loss": val_loss})
+            log(f"saved snapshot to {path} (step {step})")
         if step > 0:
             save_checkpoint()
         t_log += time.perf_counter() - t_eval  # evaluation time is not training time
@@ -435,7 +357,8 @@ while True:
         dt = (time.perf_counter() - t_log) / steps_since_log
         parts = dict(zip(stats, parts))  # the names of the model's stats, in the order metrics() stacked them
         if flops_per_step / dt > peak:  # the peak was measured on a busy machine (flops.checked_peak)
-            peak = checked_peak(peak, flops_per_step / dt, lambda: world_size * peak_flops(torch.device(device), getattr(torch, dtype)))
+            peak = checked_peak(peak, flops_per_step / dt,
+                                lambda: world_size * peak_flops(torch.device(device), getattr(torch, dtype)))
             log(f"note: this run beat the matmul peak measured at its start; peak now {peak / world_size:.3g} FLOP/s "
                 f"per device (measured again, and at least what the run achieved)")
             write_log({"step": step, "peak_flops_per_device": peak / world_size})
@@ -450,30 +373,13 @@ while True:
         write_log(record)
         loss_sum = 0
         t_log, steps_since_log = time.perf_counter(), 0
-    if step < max_iters and preempted():  # the last step goes on to its evaluation and checkpoint as usual
+    if step < max_iters and signals.stop_now(step % log_interval == 0, device):  # the last step goes on as usual
         save_checkpoint()
         break
 
-if step < max_iters:
-    why = f"{stop[0]} came after step {stop[1]}" if stop else "another process was signalled"
-    if master:
-        print(f"train.py: {why}; stopped at step {step} and saved {ckpt_path}; continue with the same settings and "
-              f"--init_from=resume (exit status {PREEMPTED})", file=sys.stderr, flush=True)
-else:
+if step >= max_iters:
     log(f"done: {step} steps, {tokens_seen:,} tokens, {flops_seen:.2e} FLOPs; checkpoint at {ckpt_path}")
 if wandb_run:
     wandb_run.finish()
-if ddp:
-    # free what holds the process group (DDP/FSDP state, the optimizer) while the interpreter is alive, then leave
-    # together: a gloo group left for interpreter exit to destroy can abort with "terminate called without an
-    # active exception" after the run has finished
-    del model, raw_model, optimizer
-    gc.collect()
-    dist.barrier()
-    dist.destroy_process_group()
-# all is saved and the process group is gone: a signal has nothing left to stop. Ignored, it cannot change the exit
-# status: torchrun signals the processes still exiting once one has exited, and Python, shutting down, would restore the
-# default handlers, which end a process by the signal
-for sig in (signal.SIGTERM, signal.SIGUSR1):
-    signal.signal(sig, signal.SIG_IGN)
-sys.exit(PREEMPTED if step < max_iters else 0)
+del model, raw_model, optimizer  # they hold the process group, which exit() leaves
+signals.exit(stopped=step < max_iters)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from masking import corrupt, make_views, view_shape
+from masking import Views, corrupt, draws_of_rows, make_views, view_shape
 
 T = 140  # divisible by every view count below (2, 4, 5, 7)
 
@@ -81,3 +81,22 @@ def test_corrupt_80_10_10():
     masked, kept = (out == 50257).float().mean().item(), (out == 5).float().mean().item()
     assert abs(masked - 0.8) < 0.01 and 0.09 < kept < 0.11  # 10% kept (+ random draws of 5, rare)
     assert (out < 50258).all()
+
+
+@pytest.mark.parametrize("m,cms", [(0.5, True), (0.75, True), (0.2, False)])
+def test_draws_of_rows_are_those_rows_views_renumbered(m, cms):
+    # a trainer draws for a whole batch and cuts each micro-step's rows: rows 2..4 of 6, with a per-view tensor beside
+    # the views (as ELECTRA's uniforms)
+    V, _, M = view_shape(T, m, cms)
+    views = make_views(6, T, m, cms, generator=torch.Generator().manual_seed(0))
+    u = torch.rand(6 * V, M)
+    cut, cut_u = draws_of_rows((views, u), slice(2, 5), V)
+    assert isinstance(cut, Views) and cut.rows.tolist() == [b for b in range(3) for _ in range(V)]
+    mine = views.rows.ge(2) & views.rows.lt(5)  # the views made from input rows 2, 3 and 4
+    assert torch.equal(cut.visible_pos, views.visible_pos[mine]) and torch.equal(cut.target_pos, views.target_pos[mine])
+    assert torch.equal(cut_u, u[mine])
+
+
+def test_views_move_like_tensors():
+    views = make_views(2, T, 0.5, True).to(torch.int32)
+    assert isinstance(views, Views) and all(t.dtype == torch.int32 for t in views)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from configurator import configure
-from checkpoint import load_checkpoint
+from checkpoint import code_version, load_checkpoint
 from conftest import script_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -122,6 +122,22 @@ def test_resume_rejects_another_model(tmp_path, dataset, runs, monkeypatch, caps
     assert "different model config" in wider and "n_embd" in wider
 
 
+def test_a_run_records_its_code(runs):
+    # the code a result comes from: in the log's first record and in the checkpoint, as checkpoint.code_version() says
+    first = records(runs / "full")[0]
+    ckpt = torch.load(runs / "full" / "ckpt.pt", weights_only=True)
+    assert first["step"] == 0 and "unigram_loss" in first
+    assert first["code"] == ckpt["code"] == code_version()
+
+
+def test_wandb_missing_is_one_line_before_anything_is_written(tmp_path, dataset, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # an import of wandb fails, as where it is not installed
+    err = script_error(monkeypatch, capsys, "train.py", *TINY, f"--dataset={dataset}", f"--out_dir={tmp_path / 'out'}",
+                       "--wandb_log=True")
+    assert "--wandb_log=True needs wandb, which is not installed: pip install wandb" in err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_compiled_checkpoint_loads_uncompiled(tmp_path, dataset):
     train(tmp_path, dataset, "--max_iters=2", "--eval_interval=2", "--total_batch_size=64", "--compile=True",
@@ -132,10 +148,11 @@ def test_compiled_checkpoint_loads_uncompiled(tmp_path, dataset):
     assert model.encode(torch.zeros(1, 8, dtype=torch.long)).shape == (1, 8, 32)
 
 
-def test_cli_config_errors_are_clear(dataset, monkeypatch, capsys):
-    bad = script_error(monkeypatch, capsys, "train.py", "--batchsize=8")
+def test_cli_config_errors_are_clear(tmp_path, dataset, monkeypatch, capsys):
+    bad = script_error(monkeypatch, capsys, "train.py", "--batchsize=8", f"--out_dir={tmp_path}")
     assert "unknown setting 'batchsize'" in bad and "batch_size" in bad
-    odd = script_error(monkeypatch, capsys, "train.py", "--total_batch_size=100", f"--dataset={dataset}")
+    odd = script_error(monkeypatch, capsys, "train.py", "--total_batch_size=100", f"--dataset={dataset}",
+                       f"--out_dir={tmp_path}")
     assert "must be a multiple of" in odd and "are 128 and 256" in odd
 
 
@@ -279,11 +296,11 @@ def test_bf16_tracks_fp32(tmp_path, dataset, runs):
     assert all(bf16[s] == pytest.approx(fp32[s], abs=0.03) for s in fp32)
 
 
-def test_literal_default_settings_split_or_explain(monkeypatch, capsys):
+def test_literal_default_settings_split_or_explain(tmp_path, monkeypatch, capsys):
     # 3072 tokens of 128 = 24 rows: they split over 1, 2, 3, 4, 6, 8 processes; over 5 the error names what would work
     for k, v in dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="5", MASTER_ADDR="127.0.0.1", MASTER_PORT="0").items():
         monkeypatch.setenv(k, v)
-    err = script_error(monkeypatch, capsys, "train.py")
+    err = script_error(monkeypatch, capsys, "train.py", f"--out_dir={tmp_path}")  # every other setting the default
     assert "must be a multiple of block_size x processes" in err
     assert "the nearest values that work are 2560 and 3200" in err
 
@@ -460,13 +477,13 @@ def test_two_nodes_equal_one_process_and_resume_on_one(tmp_path, dataset, rendez
         assert two[step] == pytest.approx(one[step], abs=2e-4)
 
 
-def test_a_node_that_cannot_reach_the_master_stops_in_one_line(dataset):
+def test_a_node_that_cannot_reach_the_master_stops_in_one_line(tmp_path, dataset):
     # a second node's process, as torchrun starts it (or a scheduler does), with no master at that address
     env = {**ENV, "RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(free_port())}
     start = time.monotonic()
-    out = subprocess.run([sys.executable, "train.py", *TINY, f"--dataset={dataset}", "--join_timeout=3"], cwd=ROOT,
-                         env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "train.py", *TINY, f"--dataset={dataset}", f"--out_dir={tmp_path}",
+                          "--join_timeout=3"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and 3 <= time.monotonic() - start < 60
     line = out.stderr.strip()
     assert "\n" not in line and line.startswith("train.py: error: rank 1 cannot reach the master at 127.0.0.1:")
@@ -498,6 +515,7 @@ def test_a_resumed_run_keeps_its_trajectory(tmp_path, dataset):
         a = torch.load(tmp_path / "full" / "snapshots" / name, weights_only=True)
         b = torch.load(cut / "snapshots" / name, weights_only=True)
         assert a["step"] == b["step"] == int(name[4:10]) and a["val_loss"] == b["val_loss"]
+        assert a["code"] == b["code"] == code_version()
         assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
 
 
