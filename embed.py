@@ -52,7 +52,7 @@ from data.tasks import read_beir, read_sts
 from errors import UserError, check_writable, optional, user_errors
 from features import (MODEL_SETTINGS, check_model_settings, embed_texts, eval_sts, load_model, load_pooler, pad,
                       read_texts, save_pooler, search)
-from poolers import POOLERS
+from model import POOLERS
 
 settings = dict(
     **MODEL_SETTINGS,

@@ -18,8 +18,7 @@ from checkpoint import load_checkpoint, save_checkpoint
 from data.tasks import read_jsonl, read_sts, utf8_lines
 from data.tokenizer import EOT, PAD, encode_batch
 from errors import UserError, check_device
-from model import MODELS, ModelConfig, make_config
-from poolers import POOLERS, mean_pool
+from model import MODELS, POOLERS, ModelConfig, make_config, mean_pool
 
 # the settings that pick the backbone, first among probe.py's and embed.py's (configurator.py reads the comments); a
 # --ckpt=random baseline's shape defaults to ModelConfig's

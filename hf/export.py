@@ -1,8 +1,8 @@
 """
 Export a trained encoder to a folder the HF ecosystem loads: transformers' AutoModel, and sentence-transformers.
 
-    python export.py --ckpt=out/ckpt.pt --out=exported/my-encoder                       # the encoder alone
-    python export.py --ckpt=out/ckpt.pt --pooler=pooler.pt --out=exported/my-embedder   # with embed.py's pooler
+    python hf/export.py --ckpt=out/ckpt.pt --out=exported/my-encoder                       # the encoder alone
+    python hf/export.py --ckpt=out/ckpt.pt --pooler=pooler.pt --out=exported/my-embedder   # with embed.py's pooler
 
     from transformers import AutoModel, AutoTokenizer
     model = AutoModel.from_pretrained("exported/my-encoder", trust_remote_code=True)
@@ -16,7 +16,7 @@ Export a trained encoder to a folder the HF ecosystem loads: transformers' AutoM
 The folder holds:
   model.safetensors      the encoder's weights only (and the pooler's): no optimizer, no LM head, predictor or generator
   config.json            the encoder's ModelConfig, the pooler's kind, and the family that trained it
-  modeling_crossbert.py  the AutoModel class (hf/ in this repo), beside copies of model.py, masking.py and poolers.py:
+  modeling_crossbert.py  the AutoModel class (beside this script), with copies of model.py and masking.py:
                          the exported model runs the code it was trained with, not a second implementation
   vocab.json, merges.txt, tokenizer_config.json   GPT-2's BPE, written from data/gpt2.tiktoken (the compact
                          vocabulary's map is inside the model, as in training)
@@ -32,6 +32,9 @@ import sys
 import tempfile
 import time
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)  # the project's modules, when run as `python hf/export.py`
 from checkpoint import load_checkpoint
 from configurator import configure
 from data.tokenizer import EOT, MASK, PAD, load_ranks
@@ -44,9 +47,8 @@ settings = dict(
     out="",                 # the folder to write (needed); it must not exist yet
 )
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
 ENCODER_KEYS = ("wte.", "ln_e.", "blocks.", "ln_f.", "vocab_map")  # model.py's shared stack: every family's encoder
-CODE = ("model.py", "masking.py", "poolers.py")                     # what modeling_crossbert.py runs
+CODE = ("model.py", "masking.py")  # what modeling_crossbert.py runs
 
 
 def encoder_state(model):
@@ -127,7 +129,7 @@ def write_model(folder, model, ckpt_info, pooler, saved):
         pad_token_id=PAD, torch_dtype="float32", trained=ckpt_info)
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    shutil.copy(os.path.join(ROOT, "hf", "modeling_crossbert.py"), folder)
+    shutil.copy(os.path.join(HERE, "modeling_crossbert.py"), folder)
     for name in CODE:
         with open(os.path.join(ROOT, name)) as f:
             code = f.read()

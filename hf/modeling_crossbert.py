@@ -1,6 +1,6 @@
 """
-The exported encoder in HF transformers. export.py writes this file beside the weights, with copies of model.py,
-masking.py and poolers.py, so that
+The exported encoder in HF transformers. export.py writes this file beside the weights, with copies of model.py and
+masking.py, so that
 
     from transformers import AutoModel, AutoTokenizer
     model = AutoModel.from_pretrained(folder, trust_remote_code=True)
@@ -19,8 +19,7 @@ import torch.nn.functional as F
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-from .model import BERT, MaskedLM, ModelConfig, rope_tables
-from .poolers import POOLERS, mean_pool
+from .model import BERT, POOLERS, MaskedLM, ModelConfig, mean_pool, rope_tables
 
 
 class CrossBERTEncoderConfig(PretrainedConfig):
@@ -28,7 +27,7 @@ class CrossBERTEncoderConfig(PretrainedConfig):
 
     def __init__(self, encoder=None, pooler=None, trained_as=None, **kwargs):
         self.encoder = encoder or {}    # model.ModelConfig's fields, of a BERT without the LM head
-        self.pooler = pooler            # None (mean pooling), or poolers.py's {"kind", "n_embd", "n_head"}
+        self.pooler = pooler            # None (mean pooling), or model.py's POOLERS: {"kind", "n_embd", "n_head"}
         self.trained_as = trained_as    # the family that trained the encoder: bert, crossbert or electra
         super().__init__(**kwargs)
 

@@ -8,14 +8,13 @@ import pytest
 import torch
 
 import embed
-import poolers
 from checkpoint import save_checkpoint
 from conftest import assert_one_line_error
 from data.pairs import crop_pairs, pair_stream, text_pairs
 from data.tasks import read_beir, read_sts
 from data.tokenizer import EOT, decode, encode
 from features import embed_texts, features, load_pooler, save_pooler, tokenize
-from model import CrossBERT, ModelConfig
+from model import POOLERS, CrossBERT, MeanPooler, ModelConfig, mean_pool
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
 
@@ -50,10 +49,10 @@ def test_info_nce_matches_hand_computation():
 @pytest.mark.parametrize("kind", ["mean", "attn"])
 def test_fresh_pooler_is_mean_pooling_and_ignores_padding(kind):
     torch.manual_seed(0)
-    pooler = poolers.POOLERS[kind](32, 2)
+    pooler = POOLERS[kind](32, 2)
     h, mask = torch.randn(2, 5, 32), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
     z = pooler(h, mask)
-    assert torch.allclose(z, poolers.mean_pool(h, mask), atol=1e-6)
+    assert torch.allclose(z, mean_pool(h, mask), atol=1e-6)
     assert torch.allclose(z[0], h[0, :3].mean(0), atol=1e-6)
     with torch.no_grad():  # a trained query still ignores padded tokens
         for p in pooler.parameters():
@@ -65,7 +64,7 @@ def test_fresh_pooler_is_mean_pooling_and_ignores_padding(kind):
 def test_frozen_training_touches_only_the_pooler(kind):
     model = tiny_model()
     before = {n: p.clone() for n, p in model.named_parameters()}
-    pooler = poolers.POOLERS[kind](32, 2)
+    pooler = POOLERS[kind](32, 2)
     pooler_before = [p.clone() for p in pooler.parameters()]
     losses = embed.train(model, pooler, iter(random_pairs(24)), steps=3, batch_size=8, lr=1e-2, backbone_lr=1e-2,
                          temperature=0.05, unfreeze=False)
@@ -79,7 +78,7 @@ def test_frozen_training_touches_only_the_pooler(kind):
 def test_unfrozen_training_changes_the_backbone():
     model = tiny_model()
     before = {n: p.clone() for n, p in model.named_parameters()}
-    embed.train(model, poolers.MeanPooler(32, 2), iter(random_pairs(16)), steps=2, batch_size=8, lr=1e-2,
+    embed.train(model, MeanPooler(32, 2), iter(random_pairs(16)), steps=2, batch_size=8, lr=1e-2,
                 backbone_lr=1e-2, temperature=0.05, unfreeze=True)
     changed = [n for n, p in model.named_parameters() if not torch.equal(p, before[n])]
     assert "blocks.0.attn.q.weight" in changed and "wte.weight" in changed
@@ -258,7 +257,7 @@ def saved_backbone(folder):
 
 def trained_pooler(kind):
     """A pooler moved away from its mean-pooling init by a few steps of training on a tiny model."""
-    pooler = poolers.POOLERS[kind](32, 2)
+    pooler = POOLERS[kind](32, 2)
     embed.train(tiny_model(), pooler, iter(random_pairs(24)), steps=3, batch_size=8, lr=1e-2, backbone_lr=0.0,
                 temperature=0.05, unfreeze=False)
     return pooler
@@ -300,7 +299,7 @@ def test_texts_command_writes_one_row_per_line_in_order(kind, tmp_path):
     for i, line in enumerate(LINES):  # each row is its own line's vector, computed alone
         assert np.abs(z[i] - by_hand(model, pooler, line).numpy()).max() <= 1e-5, i
     ids, _ = tokenize([(t,) for t in LINES], 32)
-    direct = features(model, ids, pool=pooler or poolers.mean_pool)[2]
+    direct = features(model, ids, pool=pooler or mean_pool)[2]
     direct = torch.nn.functional.normalize(torch.from_numpy(direct), dim=-1)
     assert np.abs(z - direct.numpy()).max() <= 1e-6  # mean pooling without a pooler: features.py's mean-pooled features
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": i, "body": t}) + "\n\n" for i, t in enumerate(LINES)))

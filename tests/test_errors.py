@@ -132,7 +132,7 @@ BASE = {
     "probe.py": ["--ckpt=random", "--n_layer=1", "--n_embd=32", "--n_head=2", "--tasks={w}/task3"],
     "embed.py": ["--ckpt=random", "--n_layer=1", "--n_embd=32", "--n_head=2", "--sts={w}/sts.tsv"],
     "sample.py": ["--ckpt={w}/none.pt", "--device=cpu"],
-    "export.py": ["--ckpt={w}/none.pt"],
+    "hf/export.py": ["--ckpt={w}/none.pt"],
     "experiments/sweep.py": ["--glue_dir=", "--glue_tasks=", "--sts=", "--tasks={w}/task3", "--out_dir={w}/sweep",
                              "--axes=main", "--families=bert", "--random_seeds=0", "--compile=False"],
     "bench.py": ["--n_layer=1", "--n_embd=32", "--n_head=2", "--block_size=32", "--compile=False", "--warmup=0",
@@ -164,8 +164,8 @@ WORLD = [
     ("probe.py", ["--max_train=all"], "max_train must be a int"),
     ("sample.py", ["--text=a <mask>", "--top_k=many"], "top_k must be a int"),
     ("sample.py", ["--text=a <mask>", "--top_k=0"], "--top_k=0: must be at least 1"),
-    ("export.py", [], "--out=FOLDER is needed"),
-    ("export.py", ["--out={w}/afile/export"], "--out={w}/afile/export: {w}/afile is a file, not a folder"),
+    ("hf/export.py", [], "--out=FOLDER is needed"),
+    ("hf/export.py", ["--out={w}/afile/export"], "--out={w}/afile/export: {w}/afile is a file, not a folder"),
     ("experiments/sweep.py", ["--out_dir={w}/afile/sweep"],
      "--out_dir={w}/afile/sweep: {w}/afile is a file, not a folder"),
     ("experiments/sweep.py", ["--tasks={w}/latin1_task"], "--tasks: {w}/latin1_task/train.tsv:3: not UTF-8 text"),
@@ -219,7 +219,8 @@ def test_the_world_is_one_line(script, args, message, world, monkeypatch, capsys
 
 
 # the evaluators' own arguments, enough to reach their checks
-EVALUATORS = {"probe.py": [], "embed.py": ["--sts=sts.tsv"], "sample.py": ["--text=a <mask>"], "export.py": ["--out=x"]}
+EVALUATORS = {"probe.py": [], "embed.py": ["--sts=sts.tsv"], "sample.py": ["--text=a <mask>"],
+              "hf/export.py": ["--out=x"]}
 
 
 @pytest.mark.parametrize("script", EVALUATORS)
@@ -441,12 +442,12 @@ TEXTS_CASES = [
 @pytest.mark.parametrize("files,args,message", TEXTS_CASES, ids=[" ".join(a) for _, a, _ in TEXTS_CASES])
 def test_embed_texts_bad_input_is_one_line(files, args, message, tmp_path):
     import embed
-    import poolers
+    from model import AttentionPooler
     from conftest import assert_one_line_error
     from features import save_pooler
     for name, content in files.items():
         if content == "pooler64":  # a real pooler file, for a wider backbone
-            save_pooler(tmp_path / name, poolers.AttentionPooler(64, 2), "attn", 64, 2, "big/ckpt.pt")
+            save_pooler(tmp_path / name, AttentionPooler(64, 2), "attn", 64, 2, "big/ckpt.pt")
         else:
             (tmp_path / name).write_bytes(content)
     before = set(tmp_path.iterdir())

@@ -8,12 +8,11 @@ import pytest
 import torch
 
 import export
-import poolers
 from checkpoint import save_checkpoint
 from conftest import assert_one_line_error
 from data.tokenizer import MASK, PAD, encode, load_ranks
 from features import embed_texts, pad, save_pooler, tokenize
-from model import MODELS, ModelConfig
+from model import MODELS, POOLERS, AttentionPooler, ModelConfig
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=512)
 TEXTS = ["A short one.", "", "Naïve café — 東京 emoji 🙂, and <mask> or <pad> or <|endoftext|> spelled out.",
@@ -36,7 +35,7 @@ def write_ckpt(tmp_path, model_type="crossbert", seed=0):
 
 def write_pooler(tmp_path, kind, seed=0):
     torch.manual_seed(seed)
-    pooler = poolers.POOLERS[kind](TINY["n_embd"], TINY["n_head"])
+    pooler = POOLERS[kind](TINY["n_embd"], TINY["n_head"])
     with torch.no_grad():
         for p in pooler.parameters():
             p.add_(0.1 * torch.randn_like(p))
@@ -131,7 +130,7 @@ def test_bad_export_input_is_one_line_and_loses_nothing(tmp_path):
     assert_one_line_error(export.main, [f"--ckpt={path}", f"--out={kept}"], "export.py", "already exists")
     assert [p.name for p in kept.iterdir()] == ["mine.txt"] and (kept / "mine.txt").read_text() == "precious"
     wide = tmp_path / "wide.pt"
-    save_pooler(wide, poolers.AttentionPooler(64, 2), "attn", 64, 2, "big/ckpt.pt")
+    save_pooler(wide, AttentionPooler(64, 2), "attn", 64, 2, "big/ckpt.pt")
     assert_one_line_error(export.main, [f"--ckpt={path}", f"--pooler={wide}", f"--out={tmp_path / 'b'}"],
                           "export.py", "64 dims", "big/ckpt.pt")
     assert sorted(os.listdir(tmp_path)) == sorted(["crossbert.pt", "kept", "wide.pt"])  # no folder half-written

@@ -21,7 +21,7 @@ SETTINGS_SCRIPTS = [
     ("probe.py", "Frozen evaluation: how usable", "--max_train=0", "keep a seeded random subset"),
     ("embed.py", "Frozen embeddings: a contrastive pooler", "--save_pooler=", "keep the frozen row's trained pooler"),
     ("sample.py", "See what a checkpoint learned", "--neighbours=", "a file of texts"),
-    ("export.py", "Export a trained encoder", "--pooler=", "an embed.py --save_pooler file trained on --ckpt"),
+    ("hf/export.py", "Export a trained encoder", "--pooler=", "an embed.py --save_pooler file trained on --ckpt"),
     ("experiments/noise.py", "The instrument's noise", "--init_seeds=5", "random twins of --like"),
     ("data/local/prepare.py", "Tokenise your own text", "--val_every=100", "every Nth document goes to val.bin"),
 ]

@@ -67,10 +67,10 @@ def test_no_import_cycle():
 
 
 def script_imports(root, scripts):
-    """[(file, module)] for every import of one of `scripts` (root modules) by a .py file of root, data/ or
-    experiments/, lazy imports included."""
+    """[(file, module)] for every import of one of `scripts` (root modules) by a .py file of root, data/,
+    experiments/ or hf/, lazy imports included."""
     found = []
-    for path in [*root.glob("*.py"), *root.glob("data/**/*.py"), *root.glob("experiments/*.py")]:
+    for path in [*root.glob("*.py"), *(p for d in ("data/**", "experiments", "hf") for p in root.glob(f"{d}/*.py"))]:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
