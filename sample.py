@@ -81,7 +81,7 @@ def fills(model, ids, views):
     """The model's fills at each view's targets, as probabilities (N, M, rows) over the embedding rows a text can
     hold (those below <mask>, as ELECTRA samples); ids: the text's GPT-2 ids."""
     device = model.wte.weight.device
-    views = Views(*(t.to(device) for t in views))
+    views = views.to(device)
     idx = model.vocab_ids(torch.tensor([ids], device=device))[views.rows]
     return torch.softmax(model.fill(idx, views)[..., :model.config.mask_token_id].float(), dim=-1)
 

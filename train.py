@@ -27,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import checkpoint
 from configurator import configure
 from errors import UserError, fail, optional, user_errors, user_errors_hook
+from data.corpus import prepare_tinybooks
 from data.loader import load_splits
 
 from flops import budget_steps, checked_peak, fastest_dtype, peak_flops, peak_from_table, training_flops
@@ -148,8 +149,7 @@ autocast = nullcontext() if dtype == "float32" else torch.autocast(device_type, 
 # data: memory-mapped token files (the built-in corpus is prepared at first use), the vocabulary map, the unigram loss
 data_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", dataset)
 if dataset == "tinybooks" and not os.path.exists(os.path.join(data_dir, "val.bin")) and master:
-    from data.tinybooks.prepare import prepare
-    prepare()
+    prepare_tinybooks()
 if ddp:
     dist.barrier()
 try:

@@ -3,7 +3,8 @@ Documents in, token files out: the code every data/<corpus>/prepare.py shares.
 Documents come from local files (read_files) or a Hugging Face dataset streamed from the hub
 (read_hub); write_bins tokenises them on all cores and streams the ids to train.bin / val.bin
 (uint16, each document followed by <|endoftext|>), so memory stays bounded for any corpus size.
-main() is the prepare scripts' command line, its settings below.
+prepare_tinybooks() makes the built-in corpus, which train.py prepares at first use; main() is the prepare scripts'
+command line, its settings below.
 """
 import glob
 import gzip
@@ -197,6 +198,16 @@ def write_bins(docs, out_dir, source, val_every=100, max_tokens=None, threads=os
     print(f"{out_dir}: train {tokens['train']:,} tokens ({n_docs['train']:,} docs), val {tokens['val']:,} tokens "
           f"({n_docs['val']:,} docs); {total:,} tokens in {seconds:.1f} s ({total / seconds:,.0f} tokens/s)")
     return meta
+
+
+TINYBOOKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tinybooks")
+
+
+def prepare_tinybooks(out_dir=TINYBOOKS):
+    """The built-in corpus: the six books in data/tinybooks/books.jsonl.gz to out_dir/{train,val}.bin and meta.json,
+    every sixth book (Treasure Island) to val; returns the meta dict."""
+    return write_bins(read_files(os.path.join(TINYBOOKS, "books.jsonl.gz")), out_dir, val_every=6,
+                      source="tinybooks: six Project Gutenberg novels (public domain), data/tinybooks/books.jsonl.gz")
 
 
 def main(script, argv, **defaults):

@@ -201,9 +201,8 @@ def test_hub_unreachable_points_to_local_files(monkeypatch):
 
 
 def test_tinybooks_ships_and_prepares(tmp_path):
-    from data.tinybooks.prepare import prepare
     assert os.path.getsize(os.path.join(ROOT, "data", "tinybooks", "books.jsonl.gz")) < 2.5e6
-    meta = prepare(str(tmp_path))
+    meta = corpus.prepare_tinybooks(str(tmp_path))
     assert (meta["train_docs"], meta["val_docs"]) == (5, 1)
     assert meta["train_tokens"] > 1_000_000 and meta["val_tokens"] > 50_000
     assert "TREASURE ISLAND" in decode(read_bin(tmp_path / "val.bin")[:50])

@@ -10,22 +10,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
 from configurator import configure
+from data.corpus import TINYBOOKS, prepare_tinybooks
 from errors import user_errors
-from data.corpus import read_files, write_bins
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 settings = dict(
-    out_dir=HERE,             # where train.bin, val.bin and meta.json go
+    out_dir=TINYBOOKS,        # where train.bin, val.bin and meta.json go
 )
-
-
-def prepare(out_dir=HERE):
-    """Tokenise the books into out_dir/{train,val}.bin and meta.json; returns the meta dict."""
-    return write_bins(read_files(os.path.join(HERE, "books.jsonl.gz")), out_dir, val_every=6,
-                      source="tinybooks: six Project Gutenberg novels (public domain), data/tinybooks/books.jsonl.gz")
-
 
 if __name__ == "__main__":
     s = configure(settings, sys.argv[1:], help_from=[__file__])
     with user_errors("prepare.py"):
-        prepare(s["out_dir"])
+        prepare_tinybooks(s["out_dir"])
