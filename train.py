@@ -26,10 +26,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import checkpoint
 from configurator import configure
-from errors import UserError, fail, optional, user_errors, user_errors_hook
 from data.corpus import prepare_tinybooks
 from data.loader import load_splits
-
+from errors import UserError, fail, optional, user_errors, user_errors_hook
 from flops import budget_steps, checked_peak, fastest_dtype, peak_flops, peak_from_table, training_flops
 from masking import draws_of_rows
 from model import MODELS
