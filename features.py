@@ -1,5 +1,5 @@
 """
-What the frozen evaluators share (probe.py, embed.py, sample.py, export.py): the settings that pick the backbone, a
+What the frozen evaluators share (probe.py, embed.py, sample.py, hf/export.py): the settings that pick the backbone, a
 checkpoint or a random-init baseline; GPT-2 token ids of sentences and of pairs; pooled features by layer, batched by
 length; the tasks' metrics; unit-norm embeddings, their exact search and the STS score; saved poolers; a file of
 texts. Library code: it raises UserError, never exits.
@@ -251,7 +251,7 @@ def zero_shot_sts(model, sts_path):
     return eval_sts(model, None, *sets.values())
 
 # ----------------------------------------------------------------------------
-# Files: a saved pooler (embed.py writes it; embed.py --texts and export.py read it), a file of texts
+# Files: a saved pooler (embed.py writes it; embed.py --texts and hf/export.py read it), a file of texts
 
 
 def save_pooler(path, pooler, kind, n_embd, n_head, ckpt):
