@@ -18,6 +18,10 @@ import numpy as np
 from errors import UserError, not_utf8
 
 
+# the settings these messages name: the evaluators' (probe.py, the experiments) and train.py's, whose probes during
+# training read the same tasks
+TASKS, GLUE_DIR = "--tasks (train.py: --probe_tasks)", "--glue_dir (train.py: --probe_glue_dir)"
+
 # ----------------------------------------------------------------------------
 # Classification and regression tasks: GLUE, or a folder of the user's
 
@@ -54,7 +58,7 @@ def read_tsv(path, header=None):
     rows = [(reader.line_num, row) for row in reader if row]
     names = header or (rows.pop(0)[1] if rows else [])
     if not rows:
-        raise UserError(f"{path} has no examples; fill it or leave the task out of --tasks")
+        raise UserError(f"{path} has no examples; fill it or leave the task out of {TASKS}")
     for line, row in rows:
         if len(row) != len(names):
             raise UserError(f"{path}:{line}: {len(row)} tab-separated fields where the header has {len(names)}; "
@@ -107,13 +111,13 @@ def glue_split(name, glue_dir, split):
             ds = datasets.load_dataset("nyu-mll/glue", task.hub, split=hub_split)
         except Exception as e:  # no internet, no cache, hub down: all end here
             raise UserError(f"cannot load GLUE {name} from the hub (nyu-mll/glue, {task.hub}): "
-                            f"{str(e).splitlines()[0]}; offline, pass --glue_dir=PATH with PATH/<TASK>/train.tsv "
-                            "and dev.tsv") from None
+                            f"{str(e).splitlines()[0]}; offline, pass a folder PATH holding PATH/<TASK>/train.tsv and "
+                            f"dev.tsv as {GLUE_DIR}") from None
         return list(zip(*(ds[c] for c in task.hub_texts))), np.array(ds["label"])
     folder = os.path.join(glue_dir, name)
     if not os.path.isdir(folder):
         raise UserError(f"no folder {folder} for GLUE task {name}; put its train.tsv and dev.tsv there, "
-                        f"or leave {name} out of --tasks")
+                        f"or leave {name} out of {TASKS}")
     path = os.path.join(folder, "dev_matched.tsv" if (name, split) == ("MNLI", "dev") else f"{split}.tsv")
     return read_table(path, task.columns, task.classes, COLA_HEADER if name == "CoLA" else None)
 

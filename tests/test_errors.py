@@ -57,6 +57,9 @@ CASES = [
     (["--probe_interval=1", "--probe_tasks={w}/latin1_task"], "probe_tasks: {w}/latin1_task/train.tsv:3: not UTF-8"),
     (["--probe_interval=1", "--probe_tasks={w}/task3", "--probe_max_train=2"],
      "max_train=2 keeps fewer than the 3 training examples the probes need (one per class)"),
+    # the task readers' messages name train.py's own settings too, not only the evaluators'
+    (["--probe_interval=1", "--probe_tasks=QNLI", "--probe_glue_dir={w}"], "leave QNLI out of --tasks (train.py: "
+     "--probe_tasks)"),
 ]
 if not __import__("torch").cuda.is_available():
     CASES.append((["--device=cuda"], "this machine has no CUDA device"))

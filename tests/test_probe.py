@@ -152,7 +152,8 @@ def test_cli_error_is_one_line_without_traceback(tmp_path):
                        cwd=ROOT, capture_output=True, text=True)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == [f"probe.py: error: no folder {tmp_path}/QNLI for GLUE task QNLI; "
-                                             "put its train.tsv and dev.tsv there, or leave QNLI out of --tasks"]
+                                             "put its train.tsv and dev.tsv there, or leave QNLI out of --tasks "
+                                             "(train.py: --probe_tasks)"]
 
 
 # ---------------------------------------------------------------- end to end
