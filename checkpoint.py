@@ -30,8 +30,8 @@ from dataclasses import asdict
 import torch
 import torch.distributed as dist
 
-from errors import UserError, at_least, check_device, check_writable, interrupt_hook
 from data.tasks import GLUE, load_task
+from errors import UserError, at_least, check_device, check_writable, interrupt_hook
 from model import MODELS, ModelConfig, make_config
 
 # settings a resumed run may change; any other difference would break "resume continues exactly"

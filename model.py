@@ -131,7 +131,8 @@ def make_config(settings):
 
 
 # ----------------------------------------------------------------------------
-# The three models, and what they share; then the transformer parts they are built of, and last the config's checks
+# The three models, and what they share; then the transformer parts they are built of, the poolers that turn the
+# encoder's states into one embedding, and last the config's checks
 
 class MaskedLM(nn.Module):
     """What the models share: the token embedding, the encoder stack, the tied LM head,
