@@ -337,7 +337,7 @@ def run(s):
               + f" | {r['train_s']:.0f} | {r['eval_s']:.0f} |")
     if s["out"]:
         with open(s["out"], "w") as f:
-            json.dump(dict(args=s, model_type=model_type, model_args=vars(cfg), rows=rows,
+            json.dump(dict(args=s, model_type=model_type, model_args=vars(cfg), code=info["code"], rows=rows,
                            wall_s=time.time() - t_start), f, indent=2)
 
 

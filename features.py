@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from checkpoint import load_checkpoint, save_checkpoint
+from checkpoint import code_version, load_checkpoint, save_checkpoint
 from data.tasks import read_jsonl, read_sts, utf8_lines
 from data.tokenizer import EOT, PAD, encode_batch
 from errors import UserError, check_device
@@ -61,21 +61,24 @@ def random_twin(model, seed=0):
 
 
 def load_model(s):
-    """(model in eval mode, description) of the MODEL_SETTINGS in s, checked by check_model_settings()."""
+    """(model in eval mode, description) of the MODEL_SETTINGS in s, checked by check_model_settings(); the
+    description says what the model is, and the code it comes from."""
     try:
         if s["ckpt"] == "random" and s["like"]:
             model = random_twin(load_checkpoint(s["like"], device=s["device"])[0], s["seed"])
             return model, dict(ckpt="random", like=s["like"], model_type=model.config.model_type,
-                               model_args=vars(model.config), seed=s["seed"])
+                               model_args=vars(model.config), seed=s["seed"], code=code_version())
         if s["ckpt"] == "random":
             torch.manual_seed(s["seed"])
             model = MODELS[s["model_type"]](make_config(s)).to(s["device"]).eval()
-            return model, dict(ckpt="random", model_type=s["model_type"], model_args=vars(model.config), seed=s["seed"])
+            return model, dict(ckpt="random", model_type=s["model_type"], model_args=vars(model.config), seed=s["seed"],
+                               code=code_version())
         model, ckpt = load_checkpoint(s["ckpt"], device=s["device"])
     except ValueError as e:  # a checkpoint that cannot be read, or a shape no model can have
         raise UserError(str(e)) from None
+    # the code that trained it (checkpoints from before it was recorded: None); a random model's is this code
     return model, dict(ckpt=s["ckpt"], model_type=ckpt["model_type"], model_args=ckpt["model_args"],
-                       step=ckpt.get("step"), tokens=ckpt.get("tokens"))
+                       step=ckpt.get("step"), tokens=ckpt.get("tokens"), code=ckpt.get("code"))
 
 
 def tokenize(texts, block_size):

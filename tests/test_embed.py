@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import embed
-from checkpoint import save_checkpoint
+from checkpoint import code_version, save_checkpoint
 from conftest import assert_one_line_error
 from data.pairs import crop_pairs, pair_stream, text_pairs
 from data.tasks import read_beir, read_sts
@@ -204,6 +204,7 @@ def test_command_line(tmp_path, capsys):
     assert [r["name"] for r in out["rows"]] == ["zero-shot", "frozen (attn pooler)", "unfrozen (attn pooler)"]
     assert set(out["rows"][0]["scores"]) == {"sts", "toy/ndcg@10", "toy/recall@100"}
     assert out["rows"][1]["steps"] == 2 and out["rows"][2]["steps"] == 2
+    assert out["code"] == code_version()
     table = capsys.readouterr().out.splitlines()
     assert table[0].startswith("| crossbert 2x32 (random) | sts | toy/ndcg@10 | toy/recall@100 |") and len(table) == 5
 

@@ -10,6 +10,7 @@ import torch
 
 import features
 import probe
+from checkpoint import code_version
 from conftest import assert_one_line_error, script_error
 from data.tasks import load_task
 from model import CrossBERT, ModelConfig
@@ -176,6 +177,7 @@ def test_end_to_end_random_model(tmp_path, capsys):
     sst = out["tasks"]["SST-2"]["layers"]["2"]
     assert sst["dim"] == 32 and 0 <= sst["linear"]["score"] <= 100 and sst["knn"]["k"] in probe.KS
     assert set(out["tasks"]["MRPC"]["layers"]["1"]["knn"]["metrics"]) == {"f1", "acc"}
+    assert out["code"] == code_version()  # a random model's code is the code that built it
 
 
 def test_checkpoint_and_train_monitor(tmp_path):
@@ -185,7 +187,9 @@ def test_checkpoint_and_train_monitor(tmp_path):
     torch.save(dict(model=model.state_dict(), model_type="crossbert", model_args=asdict(model.config), step=7),
                tmp_path / "ckpt.pt")
     probe.main([f"--ckpt={tmp_path / 'ckpt.pt'}", f"--glue_dir={glue}", "--tasks=SST-2", f"--out={tmp_path / 'p.json'}"])
-    from_ckpt = json.loads((tmp_path / "p.json").read_text())["tasks"]["SST-2"]["layers"]["2"]
+    out = json.loads((tmp_path / "p.json").read_text())
+    assert out["code"] is None  # a checkpoint from before the code was recorded; train.py's carry it (test_train)
+    from_ckpt = out["tasks"]["SST-2"]["layers"]["2"]
     model.train()
     scores = probe.probe_tasks(model, "SST-2,STS-B", glue_dir=glue, max_train=20)
     assert model.training  # the monitor hands the model back in train mode
