@@ -16,8 +16,6 @@ import time
 
 import torch
 
-from model import MODELS, make_config
-
 
 def mlp_params(config):
     """The MLP's weights: fc (a value and, for geglu, a gate) and proj."""
@@ -166,6 +164,7 @@ def time_steps(model_type, s, device, autocast):
     """Time s["steps"] training steps of one model: a dict of its config, input tokens/s, view positions/s,
     FLOP/s, the seconds of the untimed warmup (compilation happens there), the peak device memory (CUDA) and,
     with s["flash_check"], the flash check's outcome (True, or the error it raised)."""
+    from model import MODELS, make_config  # only the timer builds models: the counts read a config alone
     torch.manual_seed(s["seed"])
     t_start = time.perf_counter()
     cfg = make_config({**s, "model_type": model_type})
