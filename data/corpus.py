@@ -3,8 +3,8 @@ Documents in, token files out: the code every data/<corpus>/prepare.py shares.
 Documents come from local files (read_files) or a Hugging Face dataset streamed from the hub
 (read_hub); write_bins tokenises them on all cores and streams the ids to train.bin / val.bin
 (uint16, each document followed by <|endoftext|>), so memory stays bounded for any corpus size.
-prepare_tinybooks() makes the built-in corpus, which train.py prepares at first use; main() is the prepare scripts'
-command line, its settings below.
+prepare_tinybooks() makes the built-in corpus, which train.py prepares at first use; prepare() does what the other
+prepare scripts do with their settings (SETTINGS, which each script configures from its command line).
 """
 import glob
 import gzip
@@ -17,7 +17,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from configurator import configure
 from errors import UserError, at_least, check_writable, not_utf8, user_errors
 
 from data.tokenizer import EOT, MASK, PAD, VOCAB_SIZE, get_tokenizer
@@ -25,8 +24,8 @@ from data.tokenizer import EOT, MASK, PAD, VOCAB_SIZE, get_tokenizer
 EXTENSIONS = (".txt", ".jsonl", ".jsonl.gz", ".parquet")
 FORMATS = "a folder, file or glob of .txt (one document per file), .jsonl / .jsonl.gz or .parquet (one per row) files"
 
-# the prepare scripts' settings; each script sets its own defaults for some (main's `defaults`)
-settings = dict(
+# the prepare scripts' settings; each script sets its own defaults for some
+SETTINGS = dict(
     input="",                 # local text to read instead of --dataset: a folder, file or glob of .txt, .jsonl[.gz]
                               # or .parquet files
     dataset="",               # a Hugging Face dataset to stream, e.g. HuggingFaceFW/fineweb-edu
@@ -210,12 +209,10 @@ def prepare_tinybooks(out_dir=TINYBOOKS):
                       source="tinybooks: six Project Gutenberg novels (public domain), data/tinybooks/books.jsonl.gz")
 
 
-def main(script, argv, **defaults):
-    """The command line of every data/<corpus>/prepare.py: `script` is its file (--help shows its docstring),
-    `defaults` its own values for some of the settings."""
-    prog = os.path.basename(script)
-    s = configure({**settings, **defaults}, argv, types={"max_tokens": int}, help_from=[script, __file__])
-    with user_errors(prog):  # bad input: one line that names the file and the fix, no traceback
+def prepare(s, script):
+    """What a data/<corpus>/prepare.py does with its SETTINGS s: read the documents, write the token files. Bad input
+    ends in one line naming `script` (errors.py), with no traceback."""
+    with user_errors(script):
         if not (s["input"] or s["dataset"]):
             raise UserError(f"pass --input= {FORMATS}, or --dataset= a Hugging Face dataset")
         at_least(s, 1, ("threads",))

@@ -99,6 +99,17 @@ def test_scripts_do_not_import_scripts(tmp_path):
     assert script_imports(tmp_path, {"embed"}) == [("sample.py", "embed")]
 
 
+def test_library_modules_import_no_command_line_module():
+    """configurator.py is the command line's: the library modules (checkpoint.py, features.py, data/'s readers) take
+    settings as values, raise errors.UserError and leave the command line to the scripts; only the two core modules
+    with a command line of their own (probe.py, flops.py) read it, in their main()."""
+    found = scripts(ROOT) | {"probe", "flops"}
+    importers = {file for file, _ in script_imports(ROOT, {"configurator"})}
+    libraries = {f for f in importers if f.removesuffix(".py").replace("/", ".") not in found
+                 and Path(f).stem not in found}
+    assert "train.py" in importers and libraries == set()
+
+
 def test_the_cycle_finder_sees_lazy_and_package_imports(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "__init__.py").write_text("")

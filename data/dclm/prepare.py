@@ -10,12 +10,17 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
-from data.corpus import main
+from configurator import configure
+from data import corpus
 from errors import fail
+
+# corpus.SETTINGS, with this corpus's defaults
+DEFAULTS = {**corpus.SETTINGS, "dataset": "mlfoundations/dclm-baseline-1.0", "max_tokens": 10**9, "val_every": 1000,
+            "out_dir": os.path.dirname(os.path.abspath(__file__))}
 
 if __name__ == "__main__":
     if importlib.util.find_spec("zstandard") is None and not any(a.startswith(("--input", "--help", "-h"))
                                                                    for a in sys.argv[1:]):
         fail("DCLM's shards are zstd-compressed: pip install zstandard, or pass --input= local files", "prepare.py")
-    main(__file__, sys.argv[1:], dataset="mlfoundations/dclm-baseline-1.0", max_tokens=10**9, val_every=1000,
-         out_dir=os.path.dirname(os.path.abspath(__file__)))
+    s = configure(DEFAULTS, sys.argv[1:], types={"max_tokens": int}, help_from=[__file__, corpus.__file__])
+    corpus.prepare(s, "prepare.py")

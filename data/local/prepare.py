@@ -8,7 +8,12 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
-from data.corpus import main
+from configurator import configure
+from data import corpus
+
+# corpus.SETTINGS, with this corpus's defaults
+DEFAULTS = {**corpus.SETTINGS, "out_dir": os.path.dirname(os.path.abspath(__file__))}
 
 if __name__ == "__main__":
-    main(__file__, sys.argv[1:], out_dir=os.path.dirname(os.path.abspath(__file__)))
+    s = configure(DEFAULTS, sys.argv[1:], types={"max_tokens": int}, help_from=[__file__, corpus.__file__])
+    corpus.prepare(s, "prepare.py")
