@@ -16,6 +16,7 @@ from model import ModelConfig
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow  # seconds of whole runs for plumbing, not an idea: RUN_SLOW=1 (and CI) runs it
 def test_bench_reports_three_models():
     shape = dict(n_layer=1, n_head=2, n_embd=64, block_size=32)
     args = [f"--{k}={v}" for k, v in shape.items()] + ["--batch_size=2", "--steps=1", "--warmup=1", "--compile=False",

@@ -248,6 +248,7 @@ def test_a_device_this_machine_lacks_is_one_line(script, device, message):
     assert_one_line_error(main, [*EVALUATORS[script], f"--device={device}"], script, message)
 
 
+@pytest.mark.slow  # seconds of whole runs for plumbing, not an idea: RUN_SLOW=1 (and CI) runs it
 def test_a_full_disk_mid_run_is_one_line(dataset, tmp_path):
     """The rule holds wherever train.py is: here its first checkpoint meets a full disk (/dev/full)."""
     if not os.path.exists("/dev/full"):
@@ -299,6 +300,7 @@ def test_data_description_must_match(tmp_path):
     assert out.returncode == 2 and "describes uint32 ids" in out.stderr
 
 
+@pytest.mark.slow  # seconds of whole runs for plumbing, not an idea: RUN_SLOW=1 (and CI) runs it
 def test_resumed_log_has_no_duplicates_and_scratch_log_is_new(dataset, tmp_path):
     args = ["--total_batch_size=64", "--eval_interval=2", "--log_interval=1"]
     assert run(args + ["--max_iters=4"], dataset, tmp_path).returncode == 0
@@ -333,6 +335,7 @@ def test_other_scripts_end_bad_input_in_one_line(script, args, message, tmp_path
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow  # seconds of whole runs for plumbing, not an idea: RUN_SLOW=1 (and CI) runs it
 def test_ctrl_c_names_the_checkpoint(dataset, tmp_path):
     import signal
     import time

@@ -59,6 +59,7 @@ def test_bpe_files_rebuild_gpt2s_merges():
         assert vocab[a] < vocab[a + b] and vocab[b] < vocab[a + b]
 
 
+@pytest.mark.slow  # seconds of whole runs for plumbing, not an idea: RUN_SLOW=1 (and CI) runs it
 def test_export_holds_the_encoder_only(tmp_path):
     pytest.importorskip("safetensors")
     from safetensors.torch import load_file

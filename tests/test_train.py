@@ -100,6 +100,7 @@ def test_resume_continues_exactly(tmp_path, dataset, model):
     assert ckpt["step"] == 6 and ckpt["tokens"] == 6 * 64 and ckpt["flops"] > 0
 
 
+@pytest.mark.slow  # seconds of whole runs for plumbing, not an idea: RUN_SLOW=1 (and CI) runs it
 def test_electra_logs_its_loss_parts(tmp_path, dataset):
     train(tmp_path, dataset, "--max_iters=4", "--eval_interval=4", "--total_batch_size=64", *ELECTRA)
     logged = records(tmp_path)
@@ -174,6 +175,7 @@ def test_configure_types_and_files(tmp_path, capsys):
         assert e.value.code == 2 and message in capsys.readouterr().err
 
 
+@pytest.mark.slow  # seconds of whole runs for plumbing, not an idea: RUN_SLOW=1 (and CI) runs it
 def test_non_finite_loss_stops_without_saving(tmp_path, dataset):
     cmd = [sys.executable, "train.py", *TINY, f"--dataset={dataset}", f"--out_dir={tmp_path}", "--max_iters=4",
            "--eval_interval=1", "--total_batch_size=64", "--learning_rate=1e30", "--min_lr=1e30", "--grad_clip=0.0"]
@@ -260,6 +262,7 @@ def test_any_process_count_reproduces_one_process(tmp_path, dataset):
             assert r["view_positions_per_s"] == pytest.approx(2 * r["input_tokens_per_s"], rel=0.01)  # CMS: 2 views
 
 
+@pytest.mark.slow  # seconds of whole runs for plumbing, not an idea: RUN_SLOW=1 (and CI) runs it
 def test_a_peak_measured_on_a_busy_machine_is_measured_again(tmp_path, dataset):
     # the first measurement says 1 FLOP/s (the machine was busy at the start): the run beats it at its first log,
     # measures again, and no logged MFU passes 100%
@@ -278,6 +281,7 @@ def test_a_peak_measured_on_a_busy_machine_is_measured_again(tmp_path, dataset):
     assert all(0 < r["mfu"] <= 1 for r in rs if "mfu" in r)
 
 
+@pytest.mark.slow  # seconds of whole runs for plumbing, not an idea: RUN_SLOW=1 (and CI) runs it
 def test_resume_refuses_other_run_settings(tmp_path, dataset, runs, monkeypatch, capsys):
     out_dir = copy_run(runs, "cut", tmp_path)
     args = ["train.py", *TINY, *RUN, f"--dataset={dataset}", f"--out_dir={out_dir}", "--init_from=resume"]
@@ -289,6 +293,7 @@ def test_resume_refuses_other_run_settings(tmp_path, dataset, runs, monkeypatch,
     train(out_dir, dataset, *RUN, "--init_from=resume", "--max_iters=3", "--batch_size=1")
 
 
+@pytest.mark.slow  # seconds of whole runs for plumbing, not an idea: RUN_SLOW=1 (and CI) runs it
 def test_bf16_tracks_fp32(tmp_path, dataset, runs):
     train(tmp_path, dataset, "--max_iters=4", *RUN, "--dtype=bfloat16")  # the full run's settings, in bf16
     fp32, bf16 = losses(runs / "full"), losses(tmp_path)
@@ -320,6 +325,7 @@ def test_the_default_settings_take_a_step(tmp_path, dataset):
     assert list(trained) == [1] and math.isfinite(trained[1])
 
 
+@pytest.mark.slow  # seconds of whole runs for plumbing, not an idea: RUN_SLOW=1 (and CI) runs it
 def test_resume_on_another_device_type(tmp_path, dataset, runs):
     # a checkpoint from a GPU run carries CUDA generator states (16 bytes), which the CPU's generator refuses
     out_dir = copy_run(runs, "cut", tmp_path)
@@ -340,6 +346,7 @@ def test_validation_does_not_depend_on_the_micro_batch(tmp_path, dataset, runs):
     assert len(val[tmp_path]) == 3 and val[tmp_path] == pytest.approx(val[runs / "full"], abs=1e-4)
 
 
+@pytest.mark.slow  # seconds of whole runs for plumbing, not an idea: RUN_SLOW=1 (and CI) runs it
 def test_resume_with_another_length_says_so(tmp_path, dataset, runs):
     out_dir = copy_run(runs, "cut", tmp_path)
     out = train(out_dir, dataset, "--max_iters=4", "--init_from=resume", *RUN)
@@ -348,6 +355,7 @@ def test_resume_with_another_length_says_so(tmp_path, dataset, runs):
     assert "cosine schedule" not in same.stdout
 
 
+@pytest.mark.slow  # seconds of whole runs for plumbing, not an idea: RUN_SLOW=1 (and CI) runs it
 def test_overwrite_removes_the_old_checkpoint_at_once(tmp_path, dataset, runs):
     # a run that replaces another and dies before its first save must not leave the old checkpoint beside its log
     out_dir = copy_run(runs, "cut", tmp_path)
@@ -477,6 +485,7 @@ def test_two_nodes_equal_one_process_and_resume_on_one(tmp_path, dataset, rendez
         assert two[step] == pytest.approx(one[step], abs=2e-4)
 
 
+@pytest.mark.slow  # seconds of whole runs for plumbing, not an idea: RUN_SLOW=1 (and CI) runs it
 def test_a_node_that_cannot_reach_the_master_stops_in_one_line(tmp_path, dataset):
     # a second node's process, as torchrun starts it (or a scheduler does), with no master at that address
     env = {**ENV, "RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
@@ -490,6 +499,7 @@ def test_a_node_that_cannot_reach_the_master_stops_in_one_line(tmp_path, dataset
     assert "after 3s" in line and "--master_addr" in line
 
 
+@pytest.mark.slow  # seconds of whole runs for plumbing, not an idea: RUN_SLOW=1 (and CI) runs it
 def test_a_resumed_run_keeps_its_trajectory(tmp_path, dataset):
     """snapshots=4 keeps the weights at 1/8, 1/4 and 1/2 of the run, each with its val loss. A run killed once its
     second snapshot is written, then resumed, ends with the same snapshots as an uninterrupted run, bit for bit, and
