@@ -80,11 +80,12 @@ def usage(defaults, paths):
 
 
 def configure(defaults, argv, types=None, help_from=()):
-    """The settings in `defaults` (a name -> value dict) with the overrides of argv applied.
+    """The settings in `defaults` (a name -> value dict) with the overrides of argv (None: the command line's) applied.
 
     types gives the type of settings whose default is None (None stays allowed for them). help_from: the files that
     --help (or -h) reads the script's docstring (the first file's) and the settings' comments from.
     """
+    argv = sys.argv[1:] if argv is None else argv
     if {"--help", "-h"} & set(argv):
         print(usage(defaults, help_from) if help_from else "\n".join(f"--{k}={v!r}" for k, v in defaults.items()))
         sys.exit(0)

@@ -253,8 +253,7 @@ def mteb_scores(model, pooler, tasks, out_dir, name, revision):
 
 def main(argv=None):
     # --help: this docstring, and each setting's comment, here or (the backbone's) in features.py
-    s = configure(settings, sys.argv[1:] if argv is None else argv,
-                  help_from=[__file__, os.path.join(os.path.dirname(__file__), "features.py")])
+    s = configure(settings, argv, help_from=[__file__, os.path.join(os.path.dirname(__file__), "features.py")])
     with user_errors("embed.py"):
         check(s)
         if s["texts"]:

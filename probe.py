@@ -21,7 +21,6 @@ features and the metrics. train.py (probe_tasks) and experiments/ call the probe
 """
 import json
 import os
-import sys
 import time
 
 import numpy as np
@@ -199,8 +198,7 @@ def table(results, layers, averages):
 
 def main(argv=None):
     # --help: this docstring, and each setting's comment, here or (the backbone's) in features.py
-    s = configure(settings, sys.argv[1:] if argv is None else argv,
-                  help_from=[__file__, os.path.join(os.path.dirname(__file__), "features.py")])
+    s = configure(settings, argv, help_from=[__file__, os.path.join(os.path.dirname(__file__), "features.py")])
     with user_errors("probe.py"):
         check_model_settings(s)
         at_least(s, 1, ("batch_size",))

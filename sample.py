@@ -13,7 +13,6 @@ ELECTRA's generator (a narrow BERT) fills them, and with --detect its discrimina
 token of the text (masks filled by the generator first) is a replacement. Neighbours are ranked by the cosine of the
 encoder's mean-pooled last-layer features (embed.py's zero-shot embeddings); lines longer than the block are cut to it.
 """
-import sys
 
 import numpy as np
 import torch
@@ -178,7 +177,7 @@ def neighbours(model, path, lines, query, k):
 
 
 def main(argv=None):
-    s = configure(settings, sys.argv[1:] if argv is None else argv, help_from=[__file__])
+    s = configure(settings, argv, help_from=[__file__])
     with user_errors("sample.py"):
         check_device(s["device"])
         if bool(s["neighbours"]) != bool(s["query"]):

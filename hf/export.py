@@ -191,7 +191,7 @@ def export(ckpt_path, out, pooler_path=""):
 
 
 def main(argv=None):
-    s = configure(settings, sys.argv[1:] if argv is None else argv, help_from=[__file__])
+    s = configure(settings, argv, help_from=[__file__])
     t0 = time.time()
     with user_errors("export.py"):
         if not s["out"]:
