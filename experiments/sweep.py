@@ -20,6 +20,8 @@ Axes besides the main BERT-vs-CrossBERT comparison (the paper's ablations), at o
   cms       CrossBERT with and without complementary masking at equal unique tokens (equal steps):
             the "2x sample efficiency" claim, as val loss against unique training tokens
   predictor CrossBERT's predictor depth, at the same FLOPs
+  lr        each family at --lr_scales times the power law's learning rate, at every size and seed of the plan:
+            each family's own optimum (docs/experiments.md); the law's own runs (x1) are the main axis
 """
 import json
 import os
@@ -45,7 +47,8 @@ settings = dict(
     preset="cpu",             # cpu, cpu-gutenberg, ladder or gpu: sizes, budgets, corpus, hardware (runs.py's PRESETS)
     out_dir="",               # "" = sweep-<preset>
     dry_run=False,            # print the plan (runs, FLOPs, steps, batch, lr, estimated time) and train nothing
-    axes="main,mask,cms,predictor",  # the main comparison and the ablations at one size (see above)
+    axes="main,mask,cms,predictor",  # the main comparison and the ablations at one size, and lr (see above)
+    lr_scales="0.5,2",        # the lr axis's multipliers of the power law's learning rate (and of its min_lr)
     families="",              # the models of the main comparison, e.g. bert,crossbert,electra; "" = the preset's (all three
                               # unless it says)
     seeds=0,                  # training seeds per main run (train.py's seed 1337, 1338, ...); 0 = the preset's
@@ -75,9 +78,10 @@ def short(flops):
     return f"{flops:.2g}".replace("e+", "e")
 
 
-def plan(p, axes, families=tuple(MODELS), seeds=1, budgets=None):
+def plan(p, axes, families=tuple(MODELS), seeds=1, budgets=None, lr_scales=()):
     """[(name, axis, train.py settings)] for the preset; main runs once per training seed (name suffix -s1, -s2..).
-    A size that appears at several budgets gets the budget in its name. budgets: only these ("2.7e14", ..)."""
+    A size that appears at several budgets gets the budget in its name. budgets: only these ("2.7e14", ..).
+    lr_scales: the lr axis's multipliers, each a run per family and seed (name suffix -lr<scale> before -s<k>)."""
     runs = []
     repeated = {size for size in p["sizes"] if p["sizes"].count(size) > 1}
     for i, (L, C, H) in enumerate(p["sizes"]):
@@ -92,6 +96,10 @@ def plan(p, axes, families=tuple(MODELS), seeds=1, budgets=None):
                 if "main" in axes or (i == p["ablation_size"] and model_type in ("bert", "crossbert")):
                     runs.append((f"{model_type}-{L}x{C}{tag}" + (f"-s{k}" if k else ""), "main",
                                  run_settings(p, L, C, H, model_type, budget, seed=1337 + k)))
+                for m in lr_scales if "lr" in axes else ():
+                    rs = run_settings(p, L, C, H, model_type, budget, seed=1337 + k)
+                    rs.update(learning_rate=rs["learning_rate"] * m, min_lr=rs["min_lr"] * m)
+                    runs.append((f"{model_type}-{L}x{C}{tag}-lr{m:g}" + (f"-s{k}" if k else ""), "lr", rs))
         if i != p["ablation_size"]:
             continue
         size = f"{L}x{C}"
@@ -159,10 +167,17 @@ def read_plan(argv):
     p.update(nproc=s["nproc"] or p["nproc"], micro_batch=s["micro_batch"] or p["micro_batch"])
     s.update(seeds=s["seeds"] or p.get("seeds", 1), out_dir=s["out_dir"] or f"sweep-{s['preset']}")
     families = read_families(s["families"] or p.get("families", ",".join(MODELS)))
-    unknown = [a for a in s["axes"].split(",") if a not in ("main", "mask", "cms", "predictor")]
+    unknown = [a for a in s["axes"].split(",") if a not in ("main", "mask", "cms", "predictor", "lr")]
     if unknown:  # an axis spelled wrong would leave it out of the plan, silently
         raise UserError(f"--axes: unknown {', '.join(unknown)}; expected a comma-separated subset of "
-                        "main,mask,cms,predictor")
+                        "main,mask,cms,predictor,lr")
+    try:
+        lr_scales = [float(m) for m in s["lr_scales"].split(",")] if s["lr_scales"] else []
+    except ValueError:
+        lr_scales = [0.0]
+    if any(m <= 0 for m in lr_scales):
+        raise UserError(f"--lr_scales={s['lr_scales']}: expected comma-separated positive multipliers, e.g. "
+                        "--lr_scales=0.5,2")
     budgets = None
     if s["budgets"]:
         everything = [short(size_budget(p, i)) for i in range(len(p["sizes"]))]
@@ -175,7 +190,7 @@ def read_plan(argv):
         if unknown:
             raise UserError(f"--budgets: {', '.join(unknown)} not in preset {s['preset']}; its budgets are "
                             f"{','.join(dict.fromkeys(everything))}")
-    return s, p, plan(p, s["axes"].split(","), families, s["seeds"], budgets)
+    return s, p, plan(p, s["axes"].split(","), families, s["seeds"], budgets, lr_scales)
 
 
 def show_plan(s, p, runs):
@@ -289,7 +304,9 @@ def main(argv):
                      axis=axis, model_type=rs["model_type"], settings=rs, params=model.num_params(),
                      flops=ckpt["flops"], tokens=ckpt["tokens"], steps=ckpt["step"], val_loss=vals[-1]["val_loss"],
                      unigram_loss=next(x["unigram_loss"] for x in log if "unigram_loss" in x), log=vals,
-                     code=ckpt.get("code"))  # the code that trained it (None before checkpoints recorded it)
+                     code=ckpt.get("code"),  # the code that trained it (None before checkpoints recorded it)
+                     lr_scale=round(rs["learning_rate"] / run_settings(p, rs["n_layer"], rs["n_embd"], rs["n_head"],
+                                    rs["model_type"], rs["max_flops"])["learning_rate"], 4))  # of the power law's
             r.update(layered(model))
             if along:
                 every = list(range(model.config.n_layer + 1))
