@@ -7,12 +7,15 @@ what torch.utils.flop_counter counts. A training step costs 3x its forward pass
 (the backward pass computes gradients for both inputs of every matmul).
 
     python flops.py --n_layer=12 --n_head=12 --n_embd=768 --block_size=512
+    python flops.py --n_layer=12 --n_head=12 --n_embd=768 --block_size=512 --design
 
-prints the three models side by side. The counts take a ModelConfig: its mask_ratio
+prints the three models side by side; with --design, BERT and CrossBERT across the paper's mask ratios, with and
+without complementary masking (design()). The counts take a ModelConfig: its mask_ratio
 and cms decide the views, pred_layer the predictor, gen_width and gen_layer ELECTRA's generator.
 """
 import sys
 import time
+from dataclasses import replace
 
 import torch
 
@@ -75,6 +78,14 @@ def flops_per_position(config, model_type):
     return training_flops(config, model_type) / (V * config.block_size)
 
 
+def head_share(config, model_type):
+    """The share of a training step's FLOPs spent in the LM head: the prediction head and the tied decoder, at every
+    view's targets (CrossBERT with CMS: every position, once per row; BERT: its masked share; ELECTRA: its generator's
+    head). Forward and backward both cost 3x their forward pass, so the forward split is the step's."""
+    V, _, M = config.views
+    return V * lm_head_flops(config, M) / forward_flops(config, model_type)
+
+
 def inference_flops_per_token(config):
     """Forward FLOPs per token of encode(): the encoder on the full, unmasked sequence."""
     return config.n_layer * self_block_flops(config, config.block_size) / config.block_size
@@ -93,6 +104,46 @@ def param_counts(config, model_type):
         body += 2 * C * G + config.gen_layer * block(config.gen_config) + G  # projections, generator blocks, its norm
         body += C + 1  # the RTD head
     return body + config.vocab_size * C, body
+
+
+DESIGN_RATIOS = (0.5, 2 / 3, 0.75)  # the paper's mask ratios: CMS's 1 - 1/V for 2, 3 and 4 views
+
+
+def design(config):
+    """The paper's throughput claim, counted: CrossBERT's encoder runs on the visible tokens only, so a higher mask ratio
+    leaves it less work per token. For the shape of `config` (depth, width, block, vocabulary, block parts), one row per
+    model: BERT at its default ratio (the reference), BERT at each of DESIGN_RATIOS (one view: with CMS it would encode
+    the whole row once per view), CrossBERT at each with CMS and without. A row: its config, training FLOPs per input
+    token, and the input tokens/s and view positions/s (the paper's tokens/s) it would reach at the reference BERT's
+    FLOP/s, as multiples of that BERT's, and the LM head's share of its step. CMS with V views needs a block that V
+    divides: such a row is counted at the largest block below that does, against BERT at that block."""
+    rows = []
+    models = [("bert", None, False)] + [("bert", m, False) for m in DESIGN_RATIOS]
+    models += [("crossbert", m, cms) for m in DESIGN_RATIOS for cms in (True, False)]
+    for model_type, mask_ratio, cms in models:
+        T = config.block_size - (config.block_size % round(1 / (1 - mask_ratio)) if cms else 0)
+        cfg = replace(config, model_type=model_type, mask_ratio=mask_ratio, cms=cms, block_size=T)
+        bert = training_flops(replace(cfg, model_type="bert", mask_ratio=None, cms=False), "bert") / T
+        per_token = training_flops(cfg, model_type) / T
+        rows.append(dict(config=cfg, flops_per_token=per_token, input_tokens_vs_bert=bert / per_token,
+                         view_positions_vs_bert=bert / flops_per_position(cfg, model_type),
+                         head_share=head_share(cfg, model_type)))
+    return rows
+
+
+def print_design(config):
+    """design(config) as a markdown table."""
+    print(f"{config.n_layer} x {config.n_embd}, block {config.block_size}, vocabulary {config.vocab_size}; multiples "
+          "of the reference BERT's at equal FLOP/s\n")
+    print("| model | mask ratio | CMS | block | views x (encoder tokens / predicted) | train MFLOPs per input token | "
+          "input tokens/s | view positions/s | LM head's share |\n" + "|---" * 9 + "|")
+    for r in design(config):
+        cfg = r["config"]
+        V, K, M = cfg.views
+        encoder = K if cfg.model_type == "crossbert" else cfg.block_size
+        print(f"| {cfg.model_type} | {cfg.mask_ratio:.3g} | {'on' if cfg.cms else 'off'} | {cfg.block_size} | "
+              f"{V} x ({encoder} / {M}) | {r['flops_per_token'] / 1e6:.2f} | {r['input_tokens_vs_bert']:.2f}x | "
+              f"{r['view_positions_vs_bert']:.2f}x | {100 * r['head_share']:.1f}% |")
 
 
 # -----------------------------------------------------------------------------
@@ -244,9 +295,19 @@ def main(argv):
     from configurator import configure
     from errors import UserError
     # the fields whose default depends on the model stay None, so each model below gets its own
-    defaults = {**asdict(model.ModelConfig()), "mask_ratio": None, "cms": None, "pred_layer": None, "gen_layer": None}
+    defaults = dict(asdict(model.ModelConfig()), mask_ratio=None, cms=None, pred_layer=None, gen_layer=None,
+                    design=False)  # design()'s table for this shape instead: BERT and CrossBERT across ratios and CMS
     del defaults["model_type"]
     kwargs = configure(defaults, argv, help_from=[__file__, model.__file__])  # the settings' comments: ModelConfig's
+    if kwargs.pop("design"):
+        if kwargs["mask_ratio"] is not None or kwargs["cms"] is not None:
+            raise UserError("--design varies mask_ratio and cms itself; give it the shape alone")
+        try:
+            config = model.ModelConfig(model_type="bert", **kwargs)
+        except ValueError as e:  # a shape no model can have
+            raise UserError(str(e)) from None
+        print_design(config)
+        return
     rows = {}
     names = {"bert": "BERT", "crossbert": "CrossBERT", "electra": "ELECTRA"}
     for model_type in names:

@@ -1,5 +1,6 @@
-"""bench.py end to end on a tiny shape: the three models side by side, their ratios from flops.py; the peak and MFU;
-bad input in one line."""
+"""bench.py end to end on a tiny shape: the three models side by side, their ratios from flops.py, at any mask ratio
+and CMS; the peak and MFU; bad input in one line. flops.py's LM head share and its design table (the paper's throughput
+claim, counted) against torch's FLOP counter."""
 import itertools
 import json
 import os
@@ -9,9 +10,14 @@ import sys
 
 import pytest
 
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+import bench
 from conftest import script_error
-from flops import flops_per_position
-from model import ModelConfig
+from flops import design, flops_per_position, head_share, training_flops
+from model import MODELS, ModelConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -70,6 +76,71 @@ def test_mfu_cannot_pass_100_percent():
 @pytest.mark.parametrize("args,message", [
     (["--device=tpu"], "--device='tpu': expected cpu or cuda[:N]"),
     (["--dtype=float16"], "--dtype='float16': expected float32 or bfloat16"),
+    (["--mask_ratio=0.667"], "block_size must be a multiple of 3"),  # CrossBERT's three views of 256 positions
 ])
 def test_bad_input_is_one_line(args, message, monkeypatch, capsys):
     assert message in script_error(monkeypatch, capsys, "bench.py", *args)
+
+
+def test_mask_ratio_and_cms_reach_every_model(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "peak_flops", lambda device, dtype: 1e12)  # no peak measured: this checks the views
+    bench.main(["--n_layer=1", "--n_head=2", "--n_embd=64", "--block_size=32", "--vocab_size=256", "--batch_size=2",
+                "--steps=1", "--warmup=0", "--compile=False", "--dtype=float32", "--mask_ratio=0.75", "--cms=False"])
+    out = capsys.readouterr().out
+    assert all(f"{m:9s} mask 0.75 cms=False" in out for m in MODELS)
+    result = json.loads(out.strip().splitlines()[-1])
+    # one view each: CrossBERT's view positions are its input tokens, and its FLOP ratio is its encoder on a quarter
+    assert result["crossbert_view_positions_per_s"] == result["crossbert_input_tokens_per_s"]
+    cfg = {m: ModelConfig(model_type=m, n_layer=1, n_head=2, n_embd=64, block_size=32, vocab_size=256, mask_ratio=0.75,
+                          cms=False) for m in ("bert", "crossbert")}
+    assert result["crossbert_flops_ratio"] == pytest.approx(
+        flops_per_position(cfg["bert"], "bert") / flops_per_position(cfg["crossbert"], "crossbert"), abs=1e-3)
+
+
+def counted(model, B):
+    """torch's count of one training step's FLOPs (forward and backward) on B rows, attention as matmuls."""
+    idx = torch.randint(0, 250, (B, model.config.block_size))
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(idx)[0].backward()
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("model_type,mask_ratio,cms", [("bert", 0.2, False), ("crossbert", 0.5, True),
+                                                        ("crossbert", 0.75, True), ("crossbert", 0.75, False),
+                                                        ("electra", 0.15, False)])
+def test_head_share_is_the_lm_heads_part_of_a_counted_step(model_type, mask_ratio, cms):
+    torch.manual_seed(0)
+    cfg = ModelConfig(model_type=model_type, n_layer=2, n_head=2, n_embd=64, block_size=32, vocab_size=256,
+                      mask_ratio=mask_ratio, cms=cms)
+    model = MODELS[model_type](cfg)
+    B, (V, _, M) = 2, cfg.views
+    step = counted(model, B)
+    # the LM head alone, forward and backward, on states at every view's targets: what the step spends there
+    h = torch.randn(B * V, M, cfg.n_embd, requires_grad=True)
+    idx, targets = torch.randint(0, 250, (B * V, cfg.block_size)), torch.randint(0, cfg.block_size, (B * V, M))
+    with FlopCounterMode(display=False) as counter:
+        model.lm_loss(h, idx, targets)[1].backward()
+    assert counter.get_total_flops() / step == pytest.approx(head_share(cfg, model_type), rel=1e-12)
+
+
+def test_design_counts_the_encoder_on_visible_tokens():
+    torch.manual_seed(0)
+    shape = dict(n_layer=2, n_head=2, n_embd=64, block_size=32, vocab_size=256)
+    rows = {(r["config"].model_type, round(r["config"].mask_ratio, 3), r["config"].cms): r
+            for r in design(ModelConfig(model_type="bert", **shape))}
+    assert len(rows) == 10 and rows["bert", 0.2, False]["input_tokens_vs_bert"] == 1.0
+    # against torch's counter: CrossBERT at 75% with one view, per input token, against flat BERT at 20%
+    bert, cross = (counted(MODELS[m](ModelConfig(model_type=m, **shape, mask_ratio=r, cms=False)), 2) / 64
+                   for m, r in (("bert", 0.2), ("crossbert", 0.75)))
+    assert rows["crossbert", 0.75, False]["flops_per_token"] == cross
+    assert rows["crossbert", 0.75, False]["input_tokens_vs_bert"] == pytest.approx(bert / cross, rel=1e-12)
+    # a view costs the same with CMS or without; CMS makes V of them from each row
+    for m, V in ((0.5, 2), (0.75, 4)):
+        on, off = rows["crossbert", m, True], rows["crossbert", m, False]
+        assert on["config"].views[0] == V and on["view_positions_vs_bert"] == off["view_positions_vs_bert"]
+        assert on["input_tokens_vs_bert"] == pytest.approx(off["input_tokens_vs_bert"] / V, rel=1e-12)
+    # three views need a block that 3 divides: counted at 30 positions, against BERT at 30
+    third = rows["crossbert", 0.667, True]
+    bert30 = ModelConfig(model_type="bert", **dict(shape, block_size=30))
+    assert third["config"].block_size == 30 and third["config"].views == (3, 10, 20)
+    assert third["input_tokens_vs_bert"] == training_flops(bert30, "bert") / training_flops(third["config"], "crossbert")
