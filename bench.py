@@ -15,9 +15,9 @@ view positions/s (rows x views x block_size, what complementary masking multipli
 tokens/s). --mask_ratio and --cms set every model's views, so the speedups printed are against BERT with the same
 views; flat BERT at its default ratio is the run without them. bf16 autocast where the device computes it natively,
 as train.py. --flash_check (CUDA) runs one training step and one encode() of each model with only the FlashAttention
-kernel allowed, which raises if flash cannot serve them. --profile runs the timed steps once more under torch.profiler and prints
-the ops that take the most time themselves (compiled code shows its fused kernels by name). The last line printed
-is one JSON object, for scripts.
+kernel allowed, which raises if flash cannot serve them. --profile runs the timed steps once more under torch.profiler
+and prints the ops that take the most time themselves (compiled code shows its fused kernels by name). The last line
+printed is one JSON object, for scripts.
 """
 import json
 import sys
@@ -34,7 +34,7 @@ settings = dict(
     n_layer=8, n_head=8, n_embd=512, block_size=256,  # the shape of the three models (ModelConfig's settings)
     vocab_size=0,           # 0: GPT-2's 50,304 ids; a compact vocabulary of that many ids (train.py's default: 8,192)
     gen_width=0.25,         # ELECTRA's generator width, a fraction of n_embd (rounded to whole heads)
-    mask_ratio=None,        # every model's mask ratio; None: each model's default (BERT 0.2, CrossBERT 0.5, ELECTRA 0.15)
+    mask_ratio=None,        # every model's mask ratio; None: each one's default (BERT 0.2, CrossBERT 0.5, ELECTRA 0.15)
     cms=None,               # every model's complementary masking; None: each model's default (CrossBERT's alone)
     batch_size=8,           # input rows per step (CrossBERT's CMS makes 2 views of each)
     steps=3,                # timed steps, after the warmup steps

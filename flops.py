@@ -110,8 +110,8 @@ DESIGN_RATIOS = (0.5, 2 / 3, 0.75)  # the paper's mask ratios: CMS's 1 - 1/V for
 
 
 def design(config):
-    """The paper's throughput claim, counted: CrossBERT's encoder runs on the visible tokens only, so a higher mask ratio
-    leaves it less work per token. For the shape of `config` (depth, width, block, vocabulary, block parts), one row per
+    """The paper's throughput claim, counted: CrossBERT's encoder runs on the visible tokens only, so a higher mask
+    ratio leaves it less work per token. For the shape of `config` (depth, width, block, vocabulary, block parts), one row per
     model: BERT at its default ratio (the reference), BERT at each of DESIGN_RATIOS (one view: with CMS it would encode
     the whole row once per view), CrossBERT at each with CMS and without. A row: its config, training FLOPs per input
     token, and the input tokens/s and view positions/s (the paper's tokens/s) it would reach at the reference BERT's

@@ -9,9 +9,9 @@ import os
 import numpy as np
 
 from errors import optional
-from flops import param_counts
+from flops import head_share, param_counts
 from model import MODELS, make_config
-from stats import fmt, trend, verdict
+from stats import fmt, fmt_ratio, trend, verdict
 
 
 PROBES = (("linear_avg", "linear"), ("knn_avg", "kNN"))
@@ -202,9 +202,145 @@ def trajectory_table(results):
     return "\n".join(lines) + "\n"
 
 
+def lr_scale_of(r):
+    """A run's multiple of the power law's learning rate: the main axis's runs, and records from before the lr axis
+    (which have no lr_scale), are the law's own, x1."""
+    return r.get("lr_scale", 1.0)
+
+
+def choose(grid, value, best):
+    """The multiplier of grid ({multiplier: {seed: record}}) whose mean value(record) is best (best: min or max) over
+    the seeds every multiplier has, so that a one-seed grid beside three seeds of x1 compares seed 0 alone; None when
+    the multipliers share no seed."""
+    common = set.intersection(*(set(runs) for runs in grid.values()))
+    return best(grid, key=lambda m: np.mean([value(grid[m][k]) for k in common])) if common else None
+
+
+def own_lr(results):
+    """Each family at its own learning rate, as markdown; "" without runs of the lr axis. The fixed rule: each family
+    takes, at each budget and shape, the multiplier of the power law's learning rate with the lowest mean val loss of
+    its own (choose(), over the seeds every multiplier has); the multiplier the linear probe would pick by the same
+    rule is shown beside it, a sensitivity, not the choice. Then each family minus its baseline at equal FLOPs, paired
+    by seed, at the law's learning rate (x1: the main axis, every seed) and at the chosen ones, and the trend of
+    those differences per doubling of parameters (BERT's at each shape, the sizes' axis) both ways."""
+    grids = {}  # (budget, shape, family) -> {multiplier: {seed: record}}
+    for r in results:
+        if r["axis"] in ("main", "lr"):
+            key = (r["settings"]["max_flops"], shape_of(r), r["model_type"])
+            grids.setdefault(key, {}).setdefault(lr_scale_of(r), {})[seed_of(r)] = r
+    grids = {key: g for key, g in grids.items() if len(g) > 1 or 1.0 not in g}  # the families the lr axis ran
+    if not grids:
+        return ""
+    lines = ["| budget | shape | family | lr multiplier | seeds | val loss | linear | kNN | chosen (val loss) | "
+             "by linear |", "|" + "---|" * 10]
+    chosen = {}
+    for (budget, shp, fam), grid in sorted(grids.items()):
+        chosen[budget, shp, fam] = choose(grid, lambda r: r["val_loss"], min)
+        by_linear = choose(grid, lambda r: r["scores"]["linear_avg"], max)
+        for m, runs in sorted(grid.items()):
+            rs = [runs[k] for k in sorted(runs)]
+            probes = [fmt([r["scores"][key] for r in rs]) for key, _ in PROBES]
+            marks = ["yes" if m == pick else "-" for pick in (chosen[budget, shp, fam], by_linear)]
+            lines.append(" | ".join([f"| {budget:.2e}", shp, fam, f"x{m:g}", ", ".join(map(str, sorted(runs))),
+                                     fmt([r["val_loss"] for r in rs], places=3), *probes, *marks]) + " |")
+    lines += ["", "Each family minus its baseline at equal FLOPs, paired by seed, [95% interval]: at the power law's "
+              "learning rate (x1) and at each family's chosen multiplier.", "",
+              "| budget | shape | comparison | learning rates | multipliers | pairs | linear | kNN | verdict (linear / "
+              "kNN) |", "|" + "---|" * 9]
+    points = {}  # (family, baseline, which learning rates, probe key) -> [(BERT's parameters, difference)]
+    for (budget, shp, fam), grid in sorted(grids.items()):
+        for ref in (ref for f, ref in COMPARISONS if f == fam and (budget, shp, ref) in grids):
+            other = grids[budget, shp, ref]
+            for way, (m, m_ref) in (("the law (x1)", (1.0, 1.0)),
+                                    ("each its own", (chosen[budget, shp, fam], chosen[budget, shp, ref]))):
+                a, b = grid.get(m, {}), other.get(m_ref, {})
+                common = sorted(set(a) & set(b))
+                if not common:
+                    continue
+                diffs = {key: [a[k]["scores"][key] - b[k]["scores"][key] for k in common] for key, _ in PROBES}
+                lines.append(f"| {budget:.2e} | {shp} | {fam} − {ref} | {way} | x{m:g} / x{m_ref:g} | {len(common)} | "
+                             f"{fmt(diffs['linear_avg'], True)} | {fmt(diffs['knn_avg'], True)} | "
+                             f"{verdict(diffs['linear_avg'])} / {verdict(diffs['knn_avg'])} |")
+                for key, d in diffs.items():
+                    points.setdefault((fam, ref, way, key), []).extend((rung_params(a[common[0]]), x) for x in d)
+    trends = []
+    for (fam, ref, way, key), pairs in points.items():
+        fit = trend(pairs)
+        if fit:
+            slope, hw = fit[:2]
+            trends.append(f"| {fam} − {ref} | {way} | {dict(PROBES)[key]} | {len(pairs)} | "
+                          f"{slope:+.2f} [{slope - hw:+.2f}, {slope + hw:+.2f}] |")
+    if trends:
+        lines += ["", "Those differences against model size: the least-squares trend against log2 of BERT's parameters "
+                  "at each shape (every seed pair a point) in points per doubling, [95% interval].", "",
+                  "| comparison | learning rates | probe | pairs | trend per doubling of parameters |",
+                  "|" + "---|" * 5, *sorted(trends)]
+    return "\n".join(lines) + "\n"
+
+
+def tokens_table(results):
+    """The markdown table of what equal FLOPs buy each family of the main axis, at each budget and shape: input tokens
+    (mean over seeds), training FLOPs, input tokens per parameter of BERT at that shape (the ladder's ratio), BERT's
+    input tokens over the family's, and the LM head's share of a training step (flops.head_share: CrossBERT with CMS
+    predicts every position, BERT its masked share)."""
+    cells = {}  # (budget, shape) -> {family: [runs]}
+    for r in results:
+        if r["axis"] == "main":
+            cells.setdefault((r["settings"]["max_flops"], shape_of(r)), {}).setdefault(r["model_type"], []).append(r)
+    lines = ["| budget | shape | family | seeds | input tokens | train FLOPs | tokens per BERT parameter | "
+             "BERT's tokens / its | LM head's share of a step |", "|" + "---|" * 9]
+    for (budget, shp), fams in sorted(cells.items()):
+        bert = np.mean([r["tokens"] for r in fams["bert"]]) if "bert" in fams else None
+        for fam, rs in sorted(fams.items()):
+            tokens = np.mean([r["tokens"] for r in rs])
+            share = head_share(make_config({**rs[0]["settings"], "model_type": fam}), fam)
+            lines.append(f"| {budget:.2e} | {shp} | {fam} | {len(rs)} | {tokens:,.0f} | "
+                         f"{np.mean([r['flops'] for r in rs]):.3e} | {tokens / rung_params(rs[0]):.1f} | "
+                         f"{f'{bert / tokens:.2f}' if bert else '-'} | {100 * share:.1f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def tokens_to_reach(points, target):
+    """The input tokens from which a run's probe stays at or above `target`, from points [(input tokens > 0, score)] in
+    order of tokens: linear in log tokens between the last point below the target and the next. The last crossing, not
+    the first, because probes dip early (kNN falls below the untrained features before it climbs): the first would
+    count the untrained features as reaching the target. The first point's tokens when no point is below the target (an
+    upper bound: nothing earlier was measured); None when the last point is below it."""
+    below = [i for i, (_, score) in enumerate(points) if score < target]
+    if not below:
+        return points[0][0]
+    i = below[-1]
+    if i == len(points) - 1:
+        return None
+    (t0, s0), (t1, s1) = points[i], points[i + 1]
+    return float(np.exp(np.log(t0) + (target - s0) / (s1 - s0) * (np.log(t1) - np.log(t0))))
+
+
+def probe_points(r, key):
+    """[(input tokens, last-layer score `key`)] of a run along training: its snapshots (trajectory), then its end."""
+    along = [(p["tokens"], p["layers"][str(len(p["layers"]) - 1)][key]) for p in r.get("trajectory", [])]
+    return along + [(r["tokens"], r["scores"][key])]
+
+
+def reach(runs_a, runs_b, key):
+    """Input tokens two sets of runs (e.g. CMS on and off, or two families) need to reach a common score on probe
+    `key`, paired by seed: for each seed both have, the target is the lower of the two final scores, which both runs
+    reach (the weaker at its end); each run's tokens to reach it along its snapshots and its end (tokens_to_reach);
+    and their ratio a / b (below 1: a needs fewer tokens). Returns [(seed, target, tokens a, tokens b, ratio)] and
+    the ratios' geometric mean with its 95% interval (stats.fmt_ratio), or "-" without a common seed."""
+    a, b = ({seed_of(r): r for r in runs} for runs in (runs_a, runs_b))
+    rows = []
+    for k in sorted(set(a) & set(b)):
+        target = min(a[k]["scores"][key], b[k]["scores"][key])
+        ta, tb = (tokens_to_reach(probe_points(r, key), target) for r in (a[k], b[k]))
+        rows.append((k, target, ta, tb, ta / tb))
+    return rows, fmt_ratio([row[4] for row in rows]) if rows else "-"
+
+
 def write_markdown(results, out_dir):
-    """out_dir/results.md: the summary, the probes across layers and along training (runs that have them), then every
-    run (written whole, then renamed)."""
+    """out_dir/results.md: the summary, the probes across layers and along training (runs that have them), each family
+    at its own learning rate (with runs of the lr axis), the tokens equal FLOPs buy, then every run (written whole,
+    then renamed)."""
     tmp = os.path.join(out_dir, "results.md.tmp")
     extra = ""
     if cells_of(results, "layers"):
@@ -216,6 +352,17 @@ def write_markdown(results, out_dir):
         extra += ("\n## Along training\n\nThe probes at log-spaced points of each run (mean ± sd over seeds), at the last "
                   "layer and at the best layer of each point, beside the val loss there; FLOPs 0 is the random twins, "
                   "every run's initial weights.\n\n" + trajectory_table(results))
+    lr = own_lr(results)
+    if lr:
+        extra += ("\n## Each family at its own learning rate\n\nEach family at multiples of the power law's learning "
+                  "rate (x1: the main axis), mean ± sd over seeds. The rule, fixed before the runs: each family takes "
+                  "the multiplier with its own lowest mean val loss, over the seeds every multiplier has (seed 0 alone "
+                  "when the grid has one seed); the linear probe's pick by the same rule is beside it, a sensitivity, "
+                  "not the choice.\n\n" + lr)
+    if any(r["axis"] == "main" for r in results):
+        extra += ("\n## Tokens seen at equal FLOPs\n\nWhat each family's FLOPs buy: input tokens (rows x block), per "
+                  "parameter of BERT at that shape, BERT's over the family's, and the share of a training step the LM "
+                  "head takes (flops.py's head_share).\n\n" + tokens_table(results))
     with open(tmp, "w") as f:
         f.write(summarize(results) + extra + "\n## Every run\n\n" + table(results))
     os.replace(tmp, os.path.join(out_dir, "results.md"))

@@ -1,5 +1,5 @@
 """
-The statistics the experiments share: Student-t intervals over seeds, verdicts, and a least-squares trend over
+The statistics the experiments share: Student-t intervals over seeds, verdicts, ratios, and a least-squares trend over
 budgets with where it reaches 0.
 """
 import math
@@ -32,6 +32,15 @@ def fmt(xs, signed=False, places=1):
     if sd is None:
         return f"{m:{f}} (1 seed)"
     return f"{m:{f}} [{m - hw:{f}}, {m + hw:{f}}]" if signed else f"{m:{f}} ± {sd:.{places}f}"
+
+
+def fmt_ratio(ratios):
+    """Ratios (one per seed pair) as their geometric mean with a 95% interval, "1.52x [1.31x, 1.77x]": the t-interval
+    of the mean log ratio, taken back to a ratio, so that a/b and b/a get mirrored intervals."""
+    m, _, hw = interval(np.log(ratios))
+    if hw is None:
+        return f"{math.exp(m):.2f}x (1 seed)"
+    return f"{math.exp(m):.2f}x [{math.exp(m - hw):.2f}x, {math.exp(m + hw):.2f}x]"
 
 
 def trend(points):
