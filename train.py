@@ -87,12 +87,14 @@ probe_max_train = 2000
 wandb_log = False             # also send log.jsonl's records to Weights & Biases, live (pip install wandb)
 wandb_project = "crossbert"
 wandb_run_name = ""           # empty = out_dir
+checkpoint_evals = True       # the full checkpoint at every evaluation; False: at the end (and SIGTERM) only, for short runs
 snapshots = 0                 # >0: also keep the weights at this many log-spaced points of the run: max_iters / 2^k for
                               # k = snapshots-1 .. 1, and the end (ckpt.pt), each with its val loss: probes along training
 # system
 device = "cuda" if torch.cuda.is_available() else "cpu"
 dtype = fastest_dtype("cuda" if torch.cuda.is_available() else "cpu")  # bf16 where the device has it natively
 compile = True
+cuda_graphs = True            # one CUDA process: torch.compile's reduce-overhead mode (False: its default mode)
 fsdp = False                  # with torchrun: shard the model over the processes (FSDP2) instead of replicating it (DDP)
 join_timeout = 300.0          # seconds a process waits for the master's address to answer before it stops
 seed = 1337
@@ -180,8 +182,11 @@ if ckpt:  # resume: its weights, optimizer and RNG states, copied in (checkpoint
     log(f"resumed from {ckpt_path} at step {step}")
     del ckpt  # the copies live in the model and optimizer now
 raw_model = model  # checkpoints hold its state_dict: no "_orig_mod." or "module." prefixes
+# a small model on one GPU waits on ~300 kernel launches a step: CUDA graphs replay them as one (static shapes). DDP's
+# gradient hooks cannot be captured, and a CPU has no graphs: there it is torch.compile's default mode
+graphs = compile and cuda_graphs and device_type == "cuda" and not ddp
 if compile:
-    model = torch.compile(model)
+    model = torch.compile(model, mode="reduce-overhead" if graphs else None)
 if ddp and not fsdp:  # the only buffers are the RoPE tables and the vocabulary map, which never change: no broadcasts
     model = DDP(model, device_ids=[local_rank] if device_type == "cuda" else None, broadcast_buffers=False)
 
@@ -254,12 +259,13 @@ def my_rows(micro):
 def estimate_val_loss():
     """{"loss": mean, and each of the model's stats: mean} over eval_iters fixed validation batches, each split over
     processes and micro-steps as a training step is: neither batch_size nor the process count changes the data."""
+    evaluated = raw_model if device_type == "cuda" else model  # on a GPU eval mode would compile and capture it again
     model.eval()
     total = 0
     for i in range(eval_iters):
         for micro in range(grad_accum):  # equal micro-batches: the mean of their means is the batch's mean
             with autocast:
-                loss, stats = model(*get_batch("val", i, my_rows(micro)))
+                loss, stats = evaluated(*get_batch("val", i, my_rows(micro)))
             total = total + torch.cat([metrics(loss, stats), torch.ones(1, device=device)])
     if ddp:
         dist.all_reduce(total)
@@ -282,12 +288,6 @@ def save_checkpoint():
         log(f"saved checkpoint to {ckpt_path} (step {step})")
 
 
-def stop_non_finite(what, value):
-    saved = f"resume from {ckpt_path} (--init_from=resume)" if os.path.exists(ckpt_path) else "no checkpoint was written"
-    sys.exit(f"step {step}: {what} is {value}; stopping without saving. {saved}, and try a lower "
-             f"learning_rate (now {learning_rate}), a lower init_std (now {init_std}), or grad_clip")
-
-
 signals = checkpoint.Signals(lambda: step, out_dir)  # Ctrl-C: one line; SIGTERM, SIGUSR1: save the step; exit 75
 
 # -----------------------------------------------------------------------------
@@ -301,7 +301,7 @@ while True:
         t_eval = time.perf_counter()
         val = estimate_val_loss()
         if not all(map(math.isfinite, val.values())):
-            stop_non_finite("the validation loss", val)
+            checkpoint.stop_non_finite(step, "the validation loss", val, ckpt_path, settings)
         # the masked-token loss, which the unigram baseline bounds: the loss, or a composite loss's mlm_loss part
         total_loss = val.pop("loss")
         val_loss = val.pop("mlm_loss", total_loss)
@@ -318,7 +318,7 @@ while True:
         if step in snapshot_steps:
             path = checkpoint.save_snapshot(out_dir, raw_model, {**run_record(), "val_loss": val_loss})
             log(f"saved snapshot to {path} (step {step})")
-        if step > 0:
+        if step > 0 and (checkpoint_evals or last):
             save_checkpoint()
         t_log += time.perf_counter() - t_eval  # evaluation time is not training time
     if last:
@@ -334,6 +334,8 @@ while True:
                 raw_model.set_requires_gradient_sync(micro == grad_accum - 1)
             else:
                 model.require_backward_grad_sync = micro == grad_accum - 1
+        if graphs:  # a new replay may reuse the last one's outputs' memory: metrics() has copied them
+            torch.compiler.cudagraph_mark_step_begin()
         with autocast:
             loss, stats = model(*batch)
         (loss / grad_accum).backward()
@@ -352,7 +354,7 @@ while True:
             dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
         train_loss, *parts = (loss_sum / steps_since_log).tolist()
         if not math.isfinite(train_loss):
-            stop_non_finite("the training loss", train_loss)
+            checkpoint.stop_non_finite(step, "the training loss", train_loss, ckpt_path, settings)
         dt = (time.perf_counter() - t_log) / steps_since_log
         parts = dict(zip(stats, parts))  # the names of the model's stats, in the order metrics() stacked them
         if flops_per_step / dt > peak:  # the peak was measured on a busy machine (flops.checked_peak)

@@ -1,16 +1,26 @@
 """
-The ladder on one GPU: BERT and CrossBERT at 20 training tokens per parameter (sweep.py's ladder preset: web text,
-block 128, the compact vocabulary, its learning-rate and batch laws), from 4 x 256 upward, the families FLOP-matched
-at each rung, each run beside its random twin; writes experiments/results/gpu/ladder-<device>.md (and .json).
+The ladder's next runs on one lent GPU, in a fixed wall time: the prepared command for a GPU machine that gets the
+repository and a small pack of data, and gives back a few files.
 
-    python experiments/ladder_gpu.py            # one GPU, about 10 minutes: as many rungs as fit
-    python experiments/ladder_gpu.py --smoke    # tiny rungs on the CPU, about a minute: the same code path
+    python experiments/ladder_gpu.py --make_pack          # here, first: data/web and the devtasks into ladder-pack/
+    python experiments/ladder_gpu.py --out=$OUT           # there: trains what fits in 8 minutes, writes $OUT
+    python experiments/ladder_gpu.py --smoke --out=/tmp/l # the same path on the CPU at tiny sizes (a test)
 
-Rungs run smallest first. A rung starts only if its estimate fits in what is left of --minutes: for each family,
-the rung before's fixed costs (start, compilation, evaluations, probes: they barely grow with size) plus this
-rung's FLOPs at the rung before's training FLOP/s (its median step time; wider matrices run no slower). The report
-says which rungs were reached and why the next was not. Every rung is written to the report as it ends. data/web
-is prepared from --corpus (the web shards, ../shared/corpus/web) on first use.
+It trains the ladder runs (sweep.py's ladder preset: web text, block 128, the compact vocabulary, 20 training tokens
+per BERT parameter, its learning-rate and batch laws, snapshots for the probes along training) that are not yet in
+--results: seed 0 of each family at each rung first, then seeds 1, 2, ..., and ELECTRA's seeds last. --parallel runs
+train at once (a small model leaves the GPU idle between its kernels), each with its share of the host's cores. The
+command times the runs' first steps and decides from them what fits: a run starts only if its estimate (its steps at
+its family's measured step time, the start-up and probes measured so far) ends before the deadline, and a run whose
+measured pace would miss it is stopped. Each finished run is probed here, on the GPU, as the sweep probes it (the
+final weights, its snapshots and its random twin, the devtasks at every layer), because checkpoints do not come back.
+
+--out gets at most four files: results.jsonl (the records in the ladder's format, which pool with
+experiments/results/ladder/results.jsonl), report.md and report.json (what ran, its step times and MFU, what did
+not fit and why), and logs.txt (every run's train.log).
+
+The pack (data/pack.py) is what travels beside the repository: the corpus as the compact vocabulary reads it and
+the tasks' rows the probes use, about 59 MB; unpacking checks the corpus against its hash.
 """
 import json
 import os
@@ -21,184 +31,251 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-from checkpoint import load_checkpoint
 from configurator import configure
+from data.pack import pack_corpus, pack_tasks, unpack_corpus, unpack_tasks
 from errors import UserError, check_device, check_writable, user_errors
 from features import random_twin
-from flops import param_counts
-from model import make_config
 from report import Report
-from runs import (PRESETS, ROOT, RunFailed, prepare_dataset, probe_model, read_families, read_log, run_settings,
-                  size_budget, steps_for, tokenized_tasks, train, trajectory)
+from runs import (PRESETS, ROOT, prepare_dataset, probe_model, read_families, read_log, run_record, run_settings,
+                  size_budget, start, steps_for, tokenized_tasks, trajectory, twin_record)
 
 settings = dict(
-    smoke=False,              # tiny rungs, the built-in corpus, a fraction of a token per parameter: checks the path
-    minutes=10.0,             # the whole run's target wall time
-    sizes="4x256,6x384,8x512",  # the rungs, n_layer x n_embd (heads of 64 channels), smallest first
-    families="bert,crossbert",  # the families at each rung, FLOP-matched
-    tokens_per_param=20.0,    # training tokens per BERT parameter, embeddings included (as the ladder preset)
-    dataset="web",            # a folder under data/ with train.bin and val.bin ...
-    corpus="../shared/corpus/web/*.parquet",  # ... prepared from these files (data/local/prepare.py) if it has none
-    tasks="../shared/devtasks",  # a folder of task folders (train.tsv, dev.tsv), or a comma-separated list of them
-    max_train=2000,           # training examples per task for the probes, as on the CPU
-    micro_batch=256,          # rows per micro-step, at most
-    report="",                # "" = experiments/results/gpu/ladder-<device>.md
-    work_dir="out-ladder",    # the runs' checkpoints and logs
-    device="cuda" if torch.cuda.is_available() else "cpu",  # cpu, cuda or cuda:N
-    compile=True,             # train.py's torch.compile
+    out="",                   # the folder of what comes back (needed): results.jsonl, report.md/.json, logs.txt
+    pack="ladder-pack",       # the corpus and tasks, packed to travel beside the repository
+    make_pack=False,          # write --pack from data/<dataset> and --tasks, and stop (on this machine, before the GPU)
+    dataset="web",            # --make_pack: the prepared corpus under data/ (prepared from ../shared/corpus/web first)
+    tasks="../shared/devtasks",  # --make_pack: the probes' task folders
+    minutes=8.0,              # the command's wall time, from its start to its last file
+    sizes="6x384",            # the rungs, n_layer x n_embd (heads of 64 channels)
+    seeds=3,                  # training seeds per family and rung
+    families="bert,crossbert,electra",  # seed 0 of each first, then seed 1, ...; ELECTRA's seeds after the others'
+    parallel=3,               # runs training at once on the one device
+    results="experiments/results/ladder/results.jsonl",  # the runs on record, not trained again ("" = none)
+    max_train=2000,           # training examples per task for the probes, as the sweep's
+    micro_batch=512,          # rows per micro-step, at most: a ladder step in one micro-step
+    probe_s=90.0,             # seconds to probe one run (checkpoint, snapshots, twin) until one is measured
+    work_dir="out-ladder",    # the runs' checkpoints, the unpacked corpus and tasks
+    smoke=False,              # tiny rungs on the built-in corpus, packed and unpacked: checks the path
+    device="cuda" if torch.cuda.is_available() else "cpu",  # where the runs train and are probed
+    compile=True,             # train.py's torch.compile (on one GPU: with CUDA graphs)
 )
-# a generous deadline: a slow CPU busy with other work must still reach the second rung
-SMOKE = dict(minutes=30.0, sizes="1x32,2x64", tokens_per_param=0.02, dataset="tinybooks", max_train=200, compile=False,
-             micro_batch=16)
+# tiny runs a busy 2-core CPU trains and probes well inside the deadline
+SMOKE = dict(minutes=6.0, sizes="1x64", seeds=2, parallel=2, results="", max_train=200, micro_batch=16,
+             compile=False, dataset="tinybooks", probe_s=20.0)
+TINY_TOKENS_PER_PARAM = 0.05  # --smoke: a few dozen steps
 
 
-def rungs(s):
-    """[(n_layer, n_embd, n_head)] of --sizes."""
+def queue(s, p, sizes, done):
+    """[(name, family, settings)] of the runs to train, in order: at each rung seed 0 of every family, then seed 1,
+    ...; ELECTRA after the other families' seeds. Runs named in `done` are skipped."""
+    families = read_families(s["families"])
+    runs = []
+    for i, (L, C, H) in enumerate(sizes):
+        order = sorted(((k, f) for k in range(s["seeds"]) for f in families),
+                       key=lambda kf: (kf[1] == "electra", kf[0], families.index(kf[1])))
+        for k, fam in order:
+            name = f"{fam}-{L}x{C}" + (f"-s{k}" if k else "")
+            if name not in done:
+                rs = run_settings(p, L, C, H, fam, size_budget(p, i), seed=1337 + k)
+                runs.append((name, fam, rs))
+    return runs
+
+
+def progress(run_dir):
+    """(seconds per step, steps left) of a run so far: the median of its logged step times after the first (which
+    holds compilation and CUDA-graph capture); None before two are logged."""
     try:
-        sizes = [(int(L), int(C)) for L, C in (size.split("x") for size in s["sizes"].split(","))]
-    except ValueError:
-        raise UserError(f"--sizes={s['sizes']}: expected n_layer x n_embd pairs, e.g. 4x256,6x384") from None
-    bad = [f"{L}x{C}" for L, C in sizes if C % 64 and C % 32]
-    if bad:
-        raise UserError(f"--sizes: {', '.join(bad)} cannot split into heads of 32 or 64 channels; use widths in "
-                        "steps of 32")
-    return [(L, C, C // 64 if C % 64 == 0 else C // 32) for L, C in sizes]
-
-
-def train_rung(s, p, size, budget):
-    """{family: what its run did}: each family trained by train.py at `budget` FLOPs, then probed with its twin."""
-    L, C, H = size
-    out = {}
-    for fam in s["families"].split(","):
-        r = run_settings(p, L, C, H, fam, budget, seed=1337, device=s["device"], compile=s["compile"])
-        steps = steps_for(r)[0]
-        r.update(eval_interval=max(1, steps // 4), eval_iters=20, overwrite=True, snapshots=6)
-        run_dir = os.path.join(s["work_dir"], f"{fam}-{L}x{C}")
-        t0 = time.time()
-        try:
-            train(f"{fam}-{L}x{C}", r, run_dir, 1, s["compile"])
-        except RunFailed as e:  # a run that fails is reported, and the ladder stops there
-            out[fam] = dict(error=str(e))
-            break
-        seconds = time.time() - t0
         log = read_log(run_dir)
-        vals = [x for x in log if "val_loss" in x]
-        step_s = statistics.median(x["ms_per_step"] for x in log if "ms_per_step" in x) / 1000
-        model, ckpt = load_checkpoint(os.path.join(run_dir, "ckpt.pt"), s["device"])
-        t1 = time.time()
-        every = list(range(L + 1))  # every layer, 0 = the token embeddings
-        layers = dict(trained=probe_model(model, s["task_data"], 64, every),
-                      twin=probe_model(random_twin(model, r["seed"]), s["task_data"], 64, every))
-        scores = {k: v[L] for k, v in layers.items()}
-        # the probes along training: train.py's snapshots at 1/32 .. 1/2 of the run
-        along = trajectory(run_dir, s["device"], lambda m: probe_model(m, s["task_data"], 64, every))
-        out[fam] = dict(settings=r, train_s=seconds, train_rate=ckpt["flops"] / ckpt["step"] / step_s,  # FLOP/s
-                        probe_s=time.time() - t1, flops=ckpt["flops"], tokens=ckpt["tokens"], steps=ckpt["step"],
-                        params=model.num_params(),
-                        val_loss=vals[-1]["val_loss"], unigram=log[0]["unigram_loss"], layers=layers,
-                        trajectory=along, code=ckpt.get("code"), **scores)  # code: what trained it
+    except (FileNotFoundError, json.JSONDecodeError):  # not started yet, or a line half written
+        return None
+    times = [x["ms_per_step"] / 1000 for x in log if "ms_per_step" in x][1:]
+    return (statistics.median(times), log[0]["max_iters"] - max(x["step"] for x in log)) if times else None
+
+
+def finish_times(now, train_ends, probe_s):
+    """When each run is probed, given when each ends training: one run is probed at a time, in order of ending."""
+    t, out = now, {}
+    for name, end in sorted(train_ends.items(), key=lambda kv: kv[1]):
+        t = max(t, end) + probe_s
+        out[name] = t
     return out
 
 
-def estimate(runs, budget):
-    """Seconds the next rung should take, from what the last rung's runs did: each family's fixed cost (its wall
-    time less its FLOPs at its training FLOP/s, plus its probes) does not grow with FLOPs; its steps do."""
-    return sum(r["train_s"] - r["flops"] / r["train_rate"] + r["probe_s"] + budget / r["train_rate"]
-               for r in runs.values())
+def flat(scores):
+    """probe_model's {task: {linear, knn}, linear_avg, knn_avg} as a sweep record's {"TASK/linear": %, ...}."""
+    return {f"{k}/{p}" if isinstance(v, dict) else k: (v[p] if isinstance(v, dict) else v)
+            for k, v in scores.items() for p in (("linear", "knn") if isinstance(v, dict) else (None,))}
 
 
-def rung_table(size, budget, params, runs):
-    L, C, _ = size
-    rows = []
-    for fam, r in runs.items():
-        if "error" in r:
-            rows.append(f"| {fam} | failed: {' '.join(r['error'].split())[:300]} |")
-            continue
-        t, w = r["trained"], r["twin"]
-        rows.append(f"| {fam} | {r['params'] / 1e6:.2f} | {r['tokens'] / 1e6:.1f} | {r['tokens'] / params:.1f} | "
-                    f"{r['flops']:.2e} | {r['steps']} | {r['train_s']:.0f} | {r['val_loss']:.3f} | {r['unigram']:.3f} | "
-                    f"{t['linear_avg']:.1f} | {w['linear_avg']:.1f} | {t['linear_avg'] - w['linear_avg']:+.1f} | "
-                    f"{t['knn_avg']:.1f} | {w['knn_avg']:.1f} | {t['knn_avg'] - w['knn_avg']:+.1f} |")
-    md = (f"## {L} x {C}: {budget:.2e} training FLOPs a family ({params / 1e6:.2f}M BERT parameters)\n\n"
-          "| family | params (M) | input tokens (M) | per BERT parameter | FLOPs | steps | train s | val loss | unigram | "
-          "linear | twin | trained − twin | kNN | twin | trained − twin |\n|" + "---|" * 15 + "\n" + "\n".join(rows))
-    if all(f in runs and "error" not in runs[f] for f in ("bert", "crossbert")):
-        b, c = runs["bert"]["trained"], runs["crossbert"]["trained"]
-        md += (f"\n\nCrossBERT − BERT at equal FLOPs: linear {c['linear_avg'] - b['linear_avg']:+.1f}, "
-               f"kNN {c['knn_avg'] - b['knn_avg']:+.1f} (one seed each).")
-    done = {fam: r for fam, r in runs.items() if "error" not in r}
-    md += ("\n\nBy layer (0 = the token embeddings; linear / kNN): last − best is below 0 when the last layers serve "
-           "reconstruction; last − layer 0 is what context adds.\n\n| family | trained | twin | best layer (linear) | "
-           "last − best | last − layer 0 | twin: last − layer 0 |\n|" + "---|" * 7)
-    for fam, r in done.items():
-        cols = []
-        for which in ("trained", "twin"):
-            by = r["layers"][which]
-            cols.append(", ".join(f"{by[i]['linear_avg']:.1f} / {by[i]['knn_avg']:.1f}" for i in sorted(by)))
-        by, tw = r["layers"]["trained"], r["layers"]["twin"]
-        best, last = max(by, key=lambda i: by[i]["linear_avg"]), max(by)
-        cols += [str(best), f"{by[last]['linear_avg'] - by[best]['linear_avg']:+.1f}",
-                 f"{by[last]['linear_avg'] - by[0]['linear_avg']:+.1f} / {by[last]['knn_avg'] - by[0]['knn_avg']:+.1f}",
-                 f"{tw[last]['linear_avg'] - tw[0]['linear_avg']:+.1f} / {tw[last]['knn_avg'] - tw[0]['knn_avg']:+.1f}"]
-        md += f"\n| {fam} | " + " | ".join(cols) + " |"
-    md += ("\n\nAlong training (last layer, linear / kNN; FLOPs 0 is the twin):\n\n| family | step | FLOPs | val loss | "
-           "linear | kNN |\n|" + "---|" * 6)
-    for fam, r in done.items():
-        points = [(0, 0.0, None, r["twin"])] + [(p["step"], p["flops"], p["val_loss"], p["layers"][max(p["layers"])])
-                                                for p in r["trajectory"]] + [(r["steps"], r["flops"], r["val_loss"],
-                                                                              r["trained"])]
-        for step, flops, val, sc in points:
-            md += (f"\n| {fam} | {step} | {flops:.2e} | {'-' if val is None else f'{val:.3f}'} | "
-                   f"{sc['linear_avg']:.1f} | {sc['knn_avg']:.1f} |")
-    return md
+def probe_run(name, rs, run_dir, s):
+    """The run's record and its twin's, probed at every layer (the sweep's format without GLUE and STS)."""
+    t0 = time.time()
+    every = list(range(rs["n_layer"] + 1))
+    layered = lambda m: {str(k): flat(v) for k, v in probe_model(m, s["task_data"], 64, every).items()}
+    r, model = run_record(name, "main", rs, run_dir, s["device"], lr_scale=1.0)
+    r["layers"] = layered(model)
+    r["scores"] = r["layers"][str(rs["n_layer"])]
+    r["trajectory"] = trajectory(run_dir, s["device"], layered)
+    twin = twin_record(rs, r["seed"], model)
+    twin["layers"] = layered(random_twin(model, rs["seed"]))
+    twin["scores"] = twin["layers"][str(rs["n_layer"])]
+    return r, twin, time.time() - t0
+
+
+def pace(log):
+    """A run's median step time (ms) and MFU (%) from its log, past the first logged interval."""
+    steps = [x for x in log if "ms_per_step" in x][1:]
+    if not steps:
+        return "-", "-"
+    return (f"{statistics.median(x['ms_per_step'] for x in steps):.1f}",
+            f"{100 * statistics.median(x['mfu'] for x in steps):.1f}")
+
+
+def make_pack(s):
+    check_writable(s["pack"], "--pack")
+    os.makedirs(s["pack"], exist_ok=True)
+    prepare_dataset(s["dataset"], "../shared/corpus/web/*.parquet")
+    info = pack_corpus(os.path.join(ROOT, "data", s["dataset"]), 8192, s["pack"])
+    pack_tasks(s["tasks"], s["max_train"], s["pack"])
+    sizes = {f: os.path.getsize(os.path.join(s["pack"], f)) for f in sorted(os.listdir(s["pack"]))}
+    print(f"ladder_gpu: packed data/{s['dataset']} ({info['tokens']['train']:,} training tokens) and {s['tasks']} "
+          f"into {s['pack']}/: " + ", ".join(f"{f} {n / 2**20:.1f} MiB" for f, n in sizes.items())
+          + f"; {sum(sizes.values()) / 2**20:.1f} MiB in all")
 
 
 def main(argv):
     s = configure(settings, argv, help_from=[__file__])
-    if s["smoke"]:
-        s.update({k: v for k, v in SMOKE.items() if f"--{k}" not in {a.split("=")[0] for a in argv}})
-    sizes = rungs(s)
-    read_families(s["families"])  # checked before the first rung
-    check_device(s["device"])
-    name = torch.cuda.get_device_name(s["device"]) if s["device"].startswith("cuda") else "cpu"
-    report_path = s["report"] or os.path.join(ROOT, "experiments", "results", "gpu",
-                                              f"ladder-{name.replace(' ', '-')}.md")
-    check_writable(report_path, "--report", folder=False)
-    check_writable(s["work_dir"], "--work_dir")
     t_start = time.time()
+    if s["smoke"]:
+        given = {a.split("=")[0] for a in argv}
+        s.update({k: v for k, v in SMOKE.items() if f"--{k}" not in given})
+        if "--pack" not in given:
+            s["pack"] = os.path.join(s["work_dir"], "pack")
+    if s["make_pack"]:
+        return make_pack(s)
+    # every input checked before anything is written
+    try:
+        sizes = [(int(L), int(C), int(C) // 64) for L, C in (x.split("x") for x in s["sizes"].split(","))]
+    except ValueError:
+        raise UserError(f"--sizes={s['sizes']}: expected n_layer x n_embd pairs, e.g. 6x384,8x512") from None
+    if any(C % 64 for _, C, _ in sizes):
+        raise UserError(f"--sizes={s['sizes']}: widths must be multiples of 64 (heads of 64 channels)")
+    read_families(s["families"])
+    check_device(s["device"])
+    if not s["out"]:
+        raise UserError("--out is needed: the folder for results.jsonl, report.md and logs.txt")
+    check_writable(s["out"], "--out")
+    check_writable(s["work_dir"], "--work_dir")
+    if s["smoke"]:
+        make_pack(s)
+    if not os.path.isfile(os.path.join(s["pack"], "corpus.json")):
+        raise UserError(f"--pack={s['pack']} holds no pack; write one with python experiments/ladder_gpu.py "
+                        "--make_pack, and carry it to this machine")
     deadline = t_start + 60 * s["minutes"]
-    s["task_data"] = tokenized_tasks(s["tasks"], s["max_train"], 128)
-    corpus_tokens = prepare_dataset(s["dataset"], s["corpus"])
-    p = dict(PRESETS["ladder"], sizes=sizes, flops=[0] * len(sizes), tokens_per_param=s["tokens_per_param"],
-             dataset=s["dataset"], nproc=1, micro_batch=s["micro_batch"])
-    header = (f"# The ladder on {name}\n\n{time.strftime('%Y-%m-%d')}, torch {torch.__version__}; "
-              f"`python experiments/ladder_gpu.py {' '.join(argv)}` (target {s['minutes']:g} min). "
-              f"{s['tokens_per_param']:g} training tokens per BERT parameter (embeddings included), "
-              f"data/{s['dataset']} ({corpus_tokens / 1e6:.1f}M training tokens), block 128, vocabulary 8,192; "
-              f"probes: {len(s['task_data'])} tasks, max_train {s['max_train']}, twin = the run's initial weights."
-              + ("\n\n**Smoke run**: tiny rungs on the built-in corpus; it checks the path and measures nothing."
-                 if s["smoke"] else ""))
-    report = Report(report_path, header)
-    report.add("setup (tasks tokenized, corpus checked)", time.time() - t_start, None)
-    last = None  # the last rung's runs, which the next one's estimate comes from
-    for i, size in enumerate(sizes):
-        budget = size_budget(p, i)
-        params = param_counts(make_config(dict(model_type="bert", n_layer=size[0], n_embd=size[1], n_head=size[2],
-                                               block_size=128, vocab_size=8192)), "bert")[0]
-        left, need = deadline - time.time(), estimate(last, budget) if last else 0
-        if need > left:
-            rates = ", ".join(f"{fam} {r['train_rate']:.2e}" for fam, r in last.items())
-            report.add(f"{size[0]}x{size[1]} not run", 0, f"## {size[0]} x {size[1]}: not run\n\nIts estimate, "
-                       f"{need:.0f} s ({budget:.2e} FLOPs a family at the last rung's training FLOP/s, {rates}, "
-                       f"plus its fixed costs), exceeds the {left:.0f} s left.")
-            break
-        t0 = time.time()
-        last = runs = train_rung(s, p, size, budget)
-        report.add(f"{size[0]}x{size[1]}", time.time() - t0, rung_table(size, budget, params, runs),
-                   json.loads(json.dumps(runs, default=float)))
-        if any("error" in r for r in runs.values()):  # a failed run stops the ladder
-            break
-    print(f"ladder: wrote {report_path}")
+    os.makedirs(s["out"], exist_ok=True)
+    data_dir = os.path.abspath(os.path.join(s["work_dir"], "data"))
+    unpack_corpus(s["pack"], data_dir)
+    s["task_data"] = tokenized_tasks(unpack_tasks(s["pack"], os.path.join(s["work_dir"], "devtasks")),
+                                     s["max_train"], 128)
+    done = set()
+    if s["results"]:
+        with open(s["results"]) as f:
+            done = {json.loads(line)["name"] for line in f}
+    p = dict(PRESETS["ladder"], sizes=sizes, flops=[0] * len(sizes), dataset=data_dir, micro_batch=s["micro_batch"])
+    if s["smoke"]:
+        p["tokens_per_param"] = TINY_TOKENS_PER_PARAM
+    todo = queue(s, p, sizes, done)
+    name = torch.cuda.get_device_name(s["device"]) if s["device"].startswith("cuda") else "cpu"
+    threads = max(1, (os.cpu_count() or 1) // s["parallel"])
+    report = Report(os.path.join(s["out"], "report.md"), (
+        f"# The ladder on {name}\n\n{time.strftime('%Y-%m-%d')}, torch {torch.__version__}; `python "
+        f"experiments/ladder_gpu.py {' '.join(argv)}`: {s['minutes']:g} minutes, {s['parallel']} runs at once "
+        f"({threads} host threads each). Planned, in order: {', '.join(n for n, _, _ in todo) or 'nothing'}."
+        + ("\n\n**Smoke run**: tiny rungs on the built-in corpus; it checks the path and measures nothing."
+           if s["smoke"] else "")))
+    report.add("setup (pack unpacked and checked, tasks tokenized)", time.time() - t_start, None)
+    extra = dict(eval_interval=p["eval_interval"], snapshots=p["snapshots"], checkpoint_evals=False,
+                 device=s["device"], overwrite=True)
+    started, running = {}, {}  # run -> {fam, rs, dir, proc, t0}: every run started, and those still training
+    measured = dict(start_s=[], probe_s=[])  # of the finished runs: seconds outside their steps, and probing them
+    results_path = os.path.join(s["out"], "results.jsonl")
+
+    def rate(fam, rs):
+        """Seconds per step of a run not started: its family's measured pace, else another family's scaled by the
+        FLOPs of a step; None before any run has logged its pace."""
+        paces = {r["fam"]: (got[0], r["rs"]) for r in started.values() if (got := progress(r["dir"]))}
+        if fam in paces:
+            return paces[fam][0]
+        if paces:
+            t, other = next(iter(paces.values()))
+            return t * steps_for(rs)[1] / steps_for(other)[1]
+        return None
+
+    def note(run, text, seconds=0.0, data=None):
+        report.add(run, seconds, f"- **{run}**: {text}", data)
+        print(f"ladder_gpu: {run}: {text}", flush=True)
+
+    while todo or running:
+        # a finished run is probed here and recorded; a failed one is reported
+        for run, r in list(running.items()):
+            if r["proc"].poll() is None:
+                continue
+            del running[run]
+            if r["proc"].returncode:
+                note(run, f"failed (exit {r['proc'].returncode}); its train.log is in logs.txt")
+                continue
+            train_s = time.time() - r["t0"]
+            record, twin, probe_s = probe_run(run, r["rs"], r["dir"], s)
+            measured["start_s"].append(train_s - record["steps"] * (progress(r["dir"]) or (0,))[0])
+            measured["probe_s"].append(probe_s)
+            record.update(train_s=round(train_s, 1), probe_s=round(probe_s, 1))
+            with open(results_path, "a") as f:
+                f.write(json.dumps(record) + "\n" + json.dumps(twin) + "\n")
+            ms, mfu = pace(read_log(r["dir"]))
+            note(run, f"{record['steps']} steps in {train_s:.0f} s ({ms} ms a step, MFU {mfu}%, {len(running) + 1} "
+                      f"runs training), val loss {record['val_loss']:.3f} (unigram {record['unigram_loss']:.3f}); "
+                      f"linear {record['scores']['linear_avg']:.1f} (twin {twin['scores']['linear_avg']:.1f}), kNN "
+                      f"{record['scores']['knn_avg']:.1f} (twin {twin['scores']['knn_avg']:.1f}); probed in "
+                      f"{probe_s:.0f} s", train_s + probe_s, dict(ms_per_step=ms, mfu=mfu, val_loss=record["val_loss"]))
+        now = time.time()
+        probe_s = max(measured["probe_s"], default=s["probe_s"])
+        start_s = max(measured["start_s"], default=0.0)
+        # a run whose pace would have it probed past the deadline (probes queue behind each other) is stopped
+        ends = {run: now + got[0] * got[1] for run, r in running.items() if (got := progress(r["dir"]))}
+        for run, end in finish_times(now, ends, probe_s).items():
+            if end > deadline:
+                r = running.pop(run)
+                r["proc"].kill()
+                r["proc"].wait()
+                ends.pop(run)
+                note(run, f"stopped at {now - t_start:.0f} s: at its pace it would be probed by {end - t_start:.0f} s, "
+                          f"past the {deadline - t_start:.0f} s deadline")
+        # the next runs start while their estimates fit; the first ones start before anything is measured
+        while todo and len(running) < s["parallel"]:
+            run, fam, rs = todo.pop(0)
+            t = rate(fam, rs)
+            if t is not None:
+                finish = finish_times(now, {**ends, run: now + start_s + steps_for(rs)[0] * t}, probe_s)[run]
+                if finish > deadline:
+                    note(run, f"not started at {now - t_start:.0f} s: its estimate ({steps_for(rs)[0]} steps at "
+                              f"{1000 * t:.1f} ms, {start_s:.0f} s to start, {probe_s:.0f} s of probes) ends by "
+                              f"{finish - t_start:.0f} s, past the {deadline - t_start:.0f} s deadline")
+                    continue
+            run_dir = os.path.join(s["work_dir"], run)
+            started[run] = running[run] = dict(fam=fam, rs=rs, dir=run_dir, t0=time.time(),
+                                               proc=start({**rs, **extra}, run_dir, 1, s["compile"], threads))
+            print(f"ladder_gpu: started {run} at {time.time() - t_start:.0f} s", flush=True)
+        time.sleep(0.5 if running else 0)
+
+    with open(os.path.join(s["out"], "logs.txt"), "w") as out:
+        for run in sorted(os.listdir(s["work_dir"])):
+            path = os.path.join(s["work_dir"], run, "train.log")
+            if os.path.isfile(path):
+                with open(path) as f:
+                    out.write(f"==> {run}/train.log <==\n{f.read()}\n")
+    report.add("done", time.time() - t_start, None)
+    print(f"ladder_gpu: wrote {s['out']}: results.jsonl, report.md, report.json, logs.txt "
+          f"({time.time() - t_start:.0f} s)")
 
 
 if __name__ == "__main__":

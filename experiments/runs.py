@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from checkpoint import load_checkpoint
+from checkpoint import code_version, load_checkpoint
 from data.tasks import load_task, task_list
 from errors import UserError
 from features import features, tokenize
@@ -148,20 +148,52 @@ class RunFailed(RuntimeError):
     """A train.py run that ended in an error; its train.log says why."""
 
 
-def train(name, s, run_dir, nproc, compile):
-    """Train one run (or resume it from its checkpoint); its log goes to run_dir/train.log. RunFailed if it fails."""
+def start(s, run_dir, nproc, compile, threads=None):
+    """Start train.py on a run's settings (resuming from its checkpoint if it has one), its output appended to
+    run_dir/train.log; the process. threads: its host threads (OMP_NUM_THREADS), so that runs side by side do not
+    contend for the cores; None = the environment's."""
     args = {**s, "out_dir": run_dir, "compile": compile,
             "init_from": "resume" if os.path.exists(os.path.join(run_dir, "ckpt.pt")) else "scratch"}
     launcher = [sys.executable, "train.py"] if nproc == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "train.py"]
     cmd = launcher + [f"--{k}={v}" for k, v in args.items() if v != ""]
     os.makedirs(run_dir, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
     with open(os.path.join(run_dir, "train.log"), "a") as f:
         f.write(" ".join(cmd) + "\n")
         f.flush()
-        done = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
-    if done.returncode:
-        raise RunFailed(f"run {name} failed (exit {done.returncode}); see {run_dir}/train.log")
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+
+
+def train(name, s, run_dir, nproc, compile):
+    """Train one run (or resume it from its checkpoint); its log goes to run_dir/train.log. RunFailed if it fails."""
+    code = start(s, run_dir, nproc, compile).wait()
+    if code:
+        raise RunFailed(f"run {name} failed (exit {code}); see {run_dir}/train.log")
+
+
+def run_record(name, axis, rs, run_dir, device, **extra):
+    """(record, model): a finished run's line of results.jsonl, without its probes, and its final model. The record
+    holds its settings, size, budget, val losses and the code that trained it (None before checkpoints said)."""
+    model, ckpt = load_checkpoint(os.path.join(run_dir, "ckpt.pt"), device)
+    log = read_log(run_dir)
+    vals = [x for x in log if "val_loss" in x]
+    seed = rs.get("seed", 1337) - 1337
+    r = dict(name=name, cell=name.removesuffix(f"-s{seed}") if seed else name, seed=seed,
+             shape=f"{rs['n_layer']}x{rs['n_embd']}", axis=axis, model_type=rs["model_type"], settings=rs,
+             params=model.num_params(), flops=ckpt["flops"], tokens=ckpt["tokens"], steps=ckpt["step"],
+             val_loss=vals[-1]["val_loss"], unigram_loss=next(x["unigram_loss"] for x in log if "unigram_loss" in x),
+             log=vals, code=ckpt.get("code"), **extra)
+    return r, model
+
+
+def twin_record(rs, seed, model):
+    """The line of results.jsonl of a random-init twin (without its probes): the weights training seed `seed` of
+    this family and shape starts from (features.random_twin), shared by every budget."""
+    name = f"random-{rs['model_type']}-{rs['n_layer']}x{rs['n_embd']}"
+    return dict(name=name + (f"-s{seed}" if seed else ""), cell=name, seed=seed, shape=f"{rs['n_layer']}x{rs['n_embd']}",
+                axis="random", model_type=rs["model_type"], settings=rs, params=model.num_params(), flops=0, tokens=0,
+                steps=0, val_loss=None, unigram_loss=None, log=[], code=code_version())  # the code that made it
 
 
 def read_log(run_dir):

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-from checkpoint import code_version, load_checkpoint
+from checkpoint import load_checkpoint
 from configurator import configure
 from errors import UserError, at_least, check_device, check_writable, optional, user_errors
 from data.tasks import load_task, task_list
@@ -40,8 +40,8 @@ from features import random_twin
 from flops import param_counts
 from model import MODELS, make_config
 from report import plots, summarize, write_markdown
-from runs import (PRESETS, ROOT, RunFailed, read_families, read_log, run_settings, size_budget, steps_for, train,
-                  trajectory)
+from runs import (PRESETS, ROOT, RunFailed, read_families, run_record, run_settings, size_budget, steps_for, train,
+                  trajectory, twin_record)
 
 settings = dict(
     preset="cpu",             # cpu, cpu-gutenberg, ladder or gpu: sizes, budgets, corpus, hardware (runs.py's PRESETS)
@@ -287,7 +287,7 @@ def main(argv):
     unmade = set()  # twins no run's checkpoint here could make yet
     for name, axis, rs in runs:
         run_dir = os.path.join(out_dir, name)
-        seed, shape = rs.get("seed", 1337) - 1337, f"{rs['n_layer']}x{rs['n_embd']}"
+        shape = f"{rs['n_layer']}x{rs['n_embd']}"
         model = None  # this run's checkpoint, loaded once for its probes and its random twins
         if name not in done:
             t0 = time.time()
@@ -297,16 +297,9 @@ def main(argv):
             except RunFailed as e:  # what finished is on record, and a run cut short resumes from its checkpoint
                 sys.exit(f"sweep.py: {e}, then rerun the same command to continue the sweep")
             t1 = time.time()
-            model, ckpt = load_checkpoint(os.path.join(run_dir, "ckpt.pt"), s["device"])
-            log = read_log(run_dir)
-            vals = [x for x in log if "val_loss" in x]
-            r = dict(name=name, cell=name.removesuffix(f"-s{seed}") if seed else name, seed=seed, shape=shape,
-                     axis=axis, model_type=rs["model_type"], settings=rs, params=model.num_params(),
-                     flops=ckpt["flops"], tokens=ckpt["tokens"], steps=ckpt["step"], val_loss=vals[-1]["val_loss"],
-                     unigram_loss=next(x["unigram_loss"] for x in log if "unigram_loss" in x), log=vals,
-                     code=ckpt.get("code"),  # the code that trained it (None before checkpoints recorded it)
-                     lr_scale=round(rs["learning_rate"] / run_settings(p, rs["n_layer"], rs["n_embd"], rs["n_head"],
-                                    rs["model_type"], rs["max_flops"])["learning_rate"], 4))  # of the power law's
+            law = run_settings(p, rs["n_layer"], rs["n_embd"], rs["n_head"], rs["model_type"], rs["max_flops"])
+            r, model = run_record(name, axis, rs, run_dir, s["device"],
+                                  lr_scale=round(rs["learning_rate"] / law["learning_rate"], 4))  # of the power law's
             r.update(layered(model))
             if along:
                 every = list(range(model.config.n_layer + 1))
@@ -331,10 +324,7 @@ def main(argv):
                     unmade.add(twin)
                     continue
                 model, _ = load_checkpoint(ckpt_path, s["device"])
-            r = dict(name=twin, cell=f"random-{rs['model_type']}-{shape}", seed=k, shape=shape, axis="random",
-                     model_type=rs["model_type"], settings=rs, params=model.num_params(), flops=0, tokens=0, steps=0,
-                     val_loss=None, unigram_loss=None, log=[], code=code_version(),  # the code that made it
-                     **layered(random_twin(model, 1337 + k)))
+            r = dict(twin_record(rs, k, model), **layered(random_twin(model, 1337 + k)))
             record(r)
             print(f"sweep: {twin}: linear {r['scores']['linear_avg']:.1f}, kNN {r['scores']['knn_avg']:.1f}", flush=True)
 

@@ -236,6 +236,7 @@ def test_windows_reproducible_from_seed_and_reach_both_ends(tmp_path):
     assert torch.equal(a.sample(8, 7), b.sample(8, 7))
     assert not torch.equal(a.sample(8, (1, 2, 3)), a.sample(8, (1, 2, 4)))
     assert not torch.equal(a.sample(8, 7), a.sample(8, 8))
+    assert torch.equal(a.sample(8, 7, slice(2, 5)), a.sample(8, 7)[2:5])  # a process's rows: the same windows
     short = TokenWindows(write_tokens(tmp_path / "s.bin", np.arange(33)), 32)  # block_size + 1 tokens: 2 windows
     assert set(short.sample(100, 0)[:, 0].tolist()) == {0, 1}
 

@@ -17,7 +17,7 @@ SETTINGS_SCRIPTS = [
     ("flops.py", "Analytic parameter and FLOP counts", "--n_layer=4", "encoder depth"),  # ModelConfig's comment
     ("experiments/sweep.py", "The paper's comparison at your scale", "--micro_batch=0", "0 = the preset's"),
     ("experiments/acceptance.py", "The GPU acceptance run", "--report=", "experiments/results/gpu/<device>.md"),
-    ("experiments/ladder_gpu.py", "The ladder on one GPU", "--minutes=10.0", "the whole run's target wall time"),
+    ("experiments/ladder_gpu.py", "The ladder's next runs on one lent GPU", "--minutes=8.0", "from its start to its last"),
     ("probe.py", "Frozen evaluation: how usable", "--max_train=0", "keep a seeded random subset"),
     ("embed.py", "Frozen embeddings: a contrastive pooler", "--save_pooler=", "keep the frozen row's trained pooler"),
     ("sample.py", "See what a checkpoint learned", "--neighbours=", "a file of texts"),

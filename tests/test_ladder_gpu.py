@@ -1,75 +1,135 @@
-"""ladder_gpu.py --smoke: the GPU ladder's whole path on tiny rungs, on the CPU; bad input in one line."""
+"""ladder_gpu.py: the prepared GPU command's plan and deadline arithmetic, its pack, and --smoke (the whole path on
+tiny runs on the CPU); bad input in one line."""
 import json
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import script_error, tiny_tasks
+from data.loader import load_splits
+from data.pack import pack_corpus, pack_tasks, unpack_corpus, unpack_tasks
+from data.tasks import load_task
+from errors import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def run(tmp_path, *args):
-    report = tmp_path / "report" / "ladder-cpu.md"
-    out = subprocess.run([sys.executable, "experiments/ladder_gpu.py", "--smoke", f"--tasks={tiny_tasks(tmp_path)}",
-                          f"--report={report}", f"--work_dir={tmp_path / 'work'}", "--device=cpu", *args],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert out.returncode == 0, out.stdout + out.stderr
-    return report.read_text(), json.loads(report.with_suffix(".json").read_text())
+def test_the_plan_is_seed_0_of_each_family_first_and_electra_last():
+    from ladder_gpu import queue
+    from runs import PRESETS
+    p = dict(PRESETS["ladder"], sizes=[(6, 384, 6)], flops=[0])
+    s = dict(families="bert,crossbert,electra", seeds=3)
+    names = [n for n, _, _ in queue(s, p, p["sizes"], done={"bert-6x384-s1"})]
+    assert names == ["bert-6x384", "crossbert-6x384", "crossbert-6x384-s1", "bert-6x384-s2", "crossbert-6x384-s2",
+                     "electra-6x384", "electra-6x384-s1", "electra-6x384-s2"]
+    runs = {n: rs for n, _, rs in queue(s, p, p["sizes"], done=set())}
+    # the ladder's recipe: 20 tokens per BERT parameter (13.9M parameters), FLOP-matched families, seeds 1337 + k
+    bert, cross = runs["bert-6x384"], runs["crossbert-6x384-s2"]
+    assert bert["max_flops"] == cross["max_flops"] == pytest.approx(1.98e16, rel=0.01)
+    assert (bert["seed"], cross["seed"]) == (1337, 1339) and bert["learning_rate"] == cross["learning_rate"]
+
+
+def test_probes_queue_behind_each_other():
+    from ladder_gpu import finish_times
+    # runs end training at 10, 12 and 50 s; one probe of 5 s at a time: the second waits for the first's
+    assert finish_times(0.0, {"a": 12.0, "b": 10.0, "c": 50.0}, 5.0) == {"b": 15.0, "a": 20.0, "c": 55.0}
+    assert finish_times(30.0, {"a": 12.0}, 5.0) == {"a": 35.0}  # a run already ended is probed from now
+
+
+def test_flat_scores_are_the_sweeps_format():
+    from ladder_gpu import flat
+    got = flat({"topic": {"linear": 60.0, "knn": 55.0}, "linear_avg": 60.0, "knn_avg": 55.0})
+    assert got == {"topic/linear": 60.0, "topic/knn": 55.0, "linear_avg": 60.0, "knn_avg": 55.0}
+
+
+def zipf_corpus(folder, n, seed):
+    """A train.bin and val.bin of GPT-2 ids drawn from a Zipf law over 3,000 ids, so that a compact vocabulary of
+    64 ids sends most ids (and many tokens) to <unk>."""
+    rng = np.random.default_rng(seed)
+    os.makedirs(folder, exist_ok=True)
+    for split, size in (("train", n), ("val", n // 10)):
+        (rng.zipf(1.3, size) % 3000 * 7 % 50000).astype(np.uint16).tofile(os.path.join(folder, f"{split}.bin"))
+    with open(os.path.join(folder, "meta.json"), "w") as f:
+        json.dump({"tokenizer": "gpt2", "dtype": "uint16", "vocab_size": 50304}, f)
+
+
+def test_a_pack_gives_the_model_the_same_corpus(tmp_path):
+    zipf_corpus(tmp_path / "corpus", 200_000, 0)
+    info = pack_corpus(tmp_path / "corpus", 64, tmp_path / "pack")
+    unpack_corpus(tmp_path / "pack", tmp_path / "unpacked")
+    (w0, map0, uni0), (w1, map1, uni1) = (load_splits(tmp_path / d, 16, 64) for d in ("corpus", "unpacked"))
+    assert np.array_equal(map0, map1) and uni1 == uni0  # the same compact vocabulary and unigram baseline
+    for split in ("train", "val"):
+        a, b = np.asarray(w0[split].tokens), np.asarray(w1[split].tokens)
+        assert np.array_equal(map0[a], map1[b])  # every token as the model reads it
+        rare = map0[a] == 61  # <unk>: the only tokens whose GPT-2 id is not kept
+        assert rare.mean() > 0.2 and np.array_equal(a[~rare], b[~rare]) and not np.array_equal(a[rare], b[rare])
+    assert len(info["kept"]) == 61
+    # a corpus changed after packing is refused in one line
+    with open(tmp_path / "pack" / "corpus.json") as f:
+        info = json.load(f)
+    info["sha256"]["val"] = "0" * 64
+    with open(tmp_path / "pack" / "corpus.json", "w") as f:
+        json.dump(info, f)
+    with pytest.raises(UserError, match="is not the packed corpus"):
+        unpack_corpus(tmp_path / "pack", tmp_path / "again")
+
+
+def test_packed_tasks_are_the_tasks_the_probes_read(tmp_path):
+    folders = tiny_tasks(tmp_path).split(",")
+    pack_tasks(",".join(folders), 15, tmp_path)  # 15 of each task's 40 training rows
+    unpack_tasks(tmp_path, tmp_path / "unpacked")
+    for folder in folders:
+        full = load_task(folder, max_train=15)
+        small = load_task(str(tmp_path / "unpacked" / os.path.basename(folder)), max_train=15)
+        assert full["train"][0] == small["train"][0] and np.array_equal(full["train"][1], small["train"][1])
+        assert full["dev"][0] == small["dev"][0] and full["classes"] == small["classes"]
+        assert len(small["train"][0]) == 15 and len(small["dev"][0]) == 20
 
 
 @pytest.mark.slow
-def test_smoke_ladder_writes_each_rung(tmp_path):
-    # the smoke's own deadline must not refuse rung 2: 3 minutes did, on a 2-core AVX2 CPU busy with the suite
-    md, data = run(tmp_path)
-    assert "Smoke run" in md and "## 1 x 32:" in md and "## 2 x 64:" in md and "CrossBERT − BERT at equal FLOPs" in md
-    for rung in ("1x32", "2x64"):
-        runs = data[rung]
-        bert, cross = runs["bert"], runs["crossbert"]
-        per_step = cross["flops"] / cross["steps"]
-        assert 0 < bert["flops"] and abs(bert["flops"] - cross["flops"]) < max(per_step, bert["flops"] / bert["steps"])
-        for r in (bert, cross):
-            for which in ("trained", "twin"):
-                s = r[which]
-                assert s["linear_avg"] == pytest.approx((s["topic"]["linear"] + s["mood"]["linear"]) / 2)
-    assert data["2x64"]["bert"]["params"] > data["1x32"]["bert"]["params"]
-    for r in data["2x64"].values():  # every layer probed, trained and twin; the last layer is the run's score
-        assert sorted(r["layers"]["trained"]) == sorted(r["layers"]["twin"]) == ["0", "1", "2"]
-        assert r["layers"]["trained"]["2"]["linear_avg"] == r["trained"]["linear_avg"]
-        steps = [p["step"] for p in r["trajectory"]]  # five snapshots, halvings back from the end
-        assert steps == [max(1, round(r["steps"] / 2 ** k)) for k in (5, 4, 3, 2, 1)]
-        assert all(p["flops"] < r["flops"] and p["val_loss"] > 0 and len(p["layers"]) == 3 for p in r["trajectory"])
-        assert "code" in r  # its checkpoint's: the code that trained it
-
-
-def test_estimate_scales_the_steps_not_the_fixed_costs():
-    from ladder_gpu import estimate
-    # each family: 100 s of wall time of which 20 s are its 2e12 FLOPs at 1e11 FLOP/s, then 30 s of probes
-    run = dict(train_s=100.0, train_rate=1e11, probe_s=30.0, flops=2e12)
-    runs = {"bert": run, "crossbert": dict(run, train_rate=5e10, train_s=120.0)}
-    # 8x the FLOPs: the steps take 8x as long (160 s, 320 s), the fixed costs (110 s, 110 s) do not grow
-    assert estimate(runs, 1.6e13) == pytest.approx(160 + 110 + 320 + 110)
-    assert estimate(runs, 2e12) == pytest.approx(100 + 30 + 120 + 30)  # the same FLOPs: what the rung took
-
-
-@pytest.mark.slow
-def test_a_rung_that_cannot_fit_is_not_started(tmp_path):
-    # two seconds for the whole ladder: the first rung runs (there is no rate to judge it by), the second is refused
-    md, data = run(tmp_path, "--minutes=0.03")
-    assert "1x32" in data and "2x64" not in data
-    assert "## 2 x 64: not run" in md and "exceeds the" in md
+def test_smoke_trains_probes_and_records_in_the_ladders_format(tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "experiments/ladder_gpu.py", "--smoke", f"--tasks={tiny_tasks(tmp_path)}",
+                           f"--out={out}", f"--work_dir={tmp_path / 'work'}", "--device=cpu"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(os.listdir(out)) == ["logs.txt", "report.json", "report.md", "results.jsonl"]
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    names = [r["name"] for r in records]
+    assert "bert-1x64" in names and "random-bert-1x64" in names and "crossbert-1x64" in names
+    md = (out / "report.md").read_text()
+    assert "Smoke run" in md and "**bert-1x64**" in md and "ms a step" in md
+    bert = next(r for r in records if r["name"] == "bert-1x64")
+    cross = next(r for r in records if r["name"] == "crossbert-1x64")
+    assert bert["axis"] == "main" and bert["cell"] == "bert-1x64" and bert["shape"] == "1x64" and bert["seed"] == 0
+    assert abs(bert["flops"] - cross["flops"]) <= max(r["flops"] / r["steps"] for r in (bert, cross))
+    for r in (bert, cross):  # every layer probed, the last one the run's score; five snapshots along training
+        assert sorted(r["layers"]) == ["0", "1"] and r["scores"] == r["layers"]["1"]
+        assert r["scores"]["linear_avg"] == pytest.approx((r["scores"]["topic/linear"] + r["scores"]["mood/linear"]) / 2)
+        assert [p["step"] for p in r["trajectory"]] == [max(1, round(r["steps"] / 2 ** k)) for k in (5, 4, 3, 2, 1)]
+        assert r["code"] and r["val_loss"] > 0
+    assert "==> bert-1x64/train.log <==" in (out / "logs.txt").read_text()
 
 
 @pytest.mark.parametrize("args,message", [
     (["--device=tpu"], "--device='tpu': expected cpu or cuda[:N]"),
     (["--sizes=4x256x2"], "--sizes=4x256x2: expected n_layer x n_embd pairs"),
-    (["--sizes=2x100"], "--sizes: 2x100 cannot split into heads of 32 or 64 channels"),
+    (["--sizes=2x100"], "--sizes=2x100: widths must be multiples of 64"),
     (["--families=bert,roberta"], "--families: unknown roberta"),
+    (["--out="], "--out is needed"),
 ])
 def test_bad_input_is_one_line(args, message, tmp_path, monkeypatch, capsys):
-    report = tmp_path / "report" / "ladder-cpu.md"
     assert message in script_error(monkeypatch, capsys, "experiments/ladder_gpu.py", "--smoke", "--device=cpu",
-                                   f"--report={report}", f"--work_dir={tmp_path / 'work'}", *args)
-    assert not report.parent.exists() and not (tmp_path / "work").exists()
+                                   f"--out={tmp_path / 'out'}", f"--work_dir={tmp_path / 'work'}", *args)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "work").exists()
+
+
+def test_no_pack_is_one_line(tmp_path, monkeypatch, capsys):
+    assert "holds no pack; write one with python experiments/ladder_gpu.py --make_pack" in script_error(
+        monkeypatch, capsys, "experiments/ladder_gpu.py", "--device=cpu", f"--out={tmp_path / 'out'}",
+        f"--pack={tmp_path / 'nothing'}", f"--work_dir={tmp_path / 'work'}")

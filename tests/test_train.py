@@ -428,6 +428,48 @@ def test_same_seed_same_losses_bit_for_bit(tmp_path, dataset):
     assert losses(tmp_path / "a") == losses(tmp_path / "b")
 
 
+def test_a_cpu_run_is_the_plain_loop_bit_for_bit(runs, dataset):
+    # what a CPU run computes, written out as the plainest loop: each window sliced from the token file and stacked,
+    # the whole batch's draws cut per micro-step, AdamW. train.py's weights after 4 steps (two micro-steps each) equal
+    # it bit for bit, so what speeds up the GPU path (CUDA graphs, one gather of the windows, fewer checkpoints, eval
+    # on the uncompiled model) leaves a CPU run's numbers as they were
+    from data.loader import load_splits
+    from masking import draws_of_rows
+    from model import MODELS, ModelConfig
+    ckpt = torch.load(runs / "full" / "ckpt.pt", weights_only=False)
+    s, T = ckpt["config"], ckpt["config"]["block_size"]
+    assert s["learning_rate"] == s["min_lr"] and s["warmup_iters"] == 0 and not s["compile"]  # lr constant, eager
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(1)  # as the run (OMP_NUM_THREADS=1), and deterministic as train.py on a CPU
+    torch.use_deterministic_algorithms(True)
+    try:
+        windows, vocab_map, _ = load_splits(dataset, T, s["vocab_size"])
+        tokens = windows["train"].tokens
+        torch.manual_seed(s["seed"])
+        model = MODELS[s["model_type"]](ModelConfig(**ckpt["model_args"]))
+        model.vocab_map.copy_(torch.from_numpy(vocab_map))
+        optimizer = model.configure_optimizers(s["weight_decay"], s["learning_rate"], (s["beta1"], s["beta2"]), "cpu")
+        rows, micro = s["total_batch_size"] // T, s["batch_size"]
+        for step in range(4):
+            key = np.random.SeedSequence([s["seed"], False, step]).generate_state(2)
+            starts = np.random.default_rng(key).integers(0, len(tokens) - T + 1, size=rows)
+            draws = model.draw(rows, T, generator=torch.Generator().manual_seed(int(key[1])))
+            for first in range(0, rows, micro):
+                mine = slice(first, first + micro)
+                idx = torch.from_numpy(np.stack([tokens[a:a + T] for a in starts[mine]]).astype(np.int64))
+                loss, _ = model(idx, *draws_of_rows(draws, mine, model.config.views[0]))
+                (loss / (rows // micro)).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), s["grad_clip"])
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+    assert ckpt["step"] == 4 and rows // micro == 2
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, ckpt["model"][k]), k
+
+
 def test_a_seed_changes_the_data_and_the_init_and_nothing_else(tmp_path, dataset):
     from features import random_twin
     # a learning rate of 1e-12 leaves the weights where they started: the initial weights of each seed
