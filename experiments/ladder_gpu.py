@@ -53,7 +53,7 @@ settings = dict(
     results="experiments/results/ladder/results.jsonl",  # the runs on record, not trained again ("" = none)
     max_train=2000,           # training examples per task for the probes, as the sweep's
     micro_batch=512,          # rows per micro-step, at most: a ladder step in one micro-step
-    probe_s=90.0,             # seconds to probe one run (checkpoint, snapshots, twin) until one is measured
+    probe_s=45.0,             # seconds to probe one run (checkpoint, snapshots, twin) until one is measured
     work_dir="out-ladder",    # the runs' checkpoints, the unpacked corpus and tasks
     smoke=False,              # tiny rungs on the built-in corpus, packed and unpacked: checks the path
     device="cuda" if torch.cuda.is_available() else "cpu",  # where the runs train and are probed
@@ -99,6 +99,20 @@ def finish_times(now, train_ends, probe_s):
         t = max(t, end) + probe_s
         out[name] = t
     return out
+
+
+def too_late(now, train_ends, probe_s, deadline):
+    """{run: when it would be probed} of the runs to stop so that the others are probed by the deadline: the run that
+    would be probed last goes first, and the others' probes then queue behind one fewer."""
+    ends, stop = dict(train_ends), {}
+    while ends:
+        times = finish_times(now, ends, probe_s)
+        run = max(times, key=times.get)
+        if times[run] <= deadline:
+            break
+        stop[run] = times[run]
+        del ends[run]
+    return stop
 
 
 def flat(scores):
@@ -241,15 +255,15 @@ def main(argv):
         probe_s = max(measured["probe_s"], default=s["probe_s"])
         start_s = max(measured["start_s"], default=0.0)
         # a run whose pace would have it probed past the deadline (probes queue behind each other) is stopped
-        ends = {run: now + got[0] * got[1] for run, r in running.items() if (got := progress(r["dir"]))}
-        for run, end in finish_times(now, ends, probe_s).items():
-            if end > deadline:
-                r = running.pop(run)
-                r["proc"].kill()
-                r["proc"].wait()
-                ends.pop(run)
-                note(run, f"stopped at {now - t_start:.0f} s: at its pace it would be probed by {end - t_start:.0f} s, "
-                          f"past the {deadline - t_start:.0f} s deadline")
+        ends = {run: now + got[0] * got[1] if (got := progress(r["dir"])) else now  # no pace yet: at least its probes
+                for run, r in running.items()}
+        for run, end in too_late(now, ends, probe_s, deadline).items():
+            ends.pop(run)
+            r = running.pop(run)
+            r["proc"].kill()
+            r["proc"].wait()
+            note(run, f"stopped at {now - t_start:.0f} s: at its pace it would be probed by {end - t_start:.0f} s, "
+                      f"past the {deadline - t_start:.0f} s deadline")
         # the next runs start while their estimates fit; the first ones start before anything is measured
         while todo and len(running) < s["parallel"]:
             run, fam, rs = todo.pop(0)

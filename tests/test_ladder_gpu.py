@@ -39,6 +39,15 @@ def test_probes_queue_behind_each_other():
     assert finish_times(30.0, {"a": 12.0}, 5.0) == {"a": 35.0}  # a run already ended is probed from now
 
 
+def test_a_run_that_would_miss_the_deadline_is_stopped_and_only_it():
+    from ladder_gpu import too_late
+    # probes of 10 s, one at a time: a ends at 50 (probed by 60), b at 55 (by 70), c at 90 (by 100)
+    ends = {"a": 50.0, "b": 55.0, "c": 90.0}
+    assert too_late(0.0, ends, 10.0, 100.0) == {}
+    assert too_late(0.0, ends, 10.0, 99.0) == {"c": 100.0}  # stopping c alone lets a and b finish
+    assert too_late(0.0, ends, 10.0, 65.0) == {"c": 100.0, "b": 70.0}
+
+
 def test_flat_scores_are_the_sweeps_format():
     from ladder_gpu import flat
     got = flat({"topic": {"linear": 60.0, "knn": 55.0}, "linear_avg": 60.0, "knn_avg": 55.0})
