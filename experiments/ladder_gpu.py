@@ -5,6 +5,7 @@ repository and a small pack of data, and gives back a few files.
     python experiments/ladder_gpu.py --make_pack          # here, first: data/web and the devtasks into ladder-pack/
     python experiments/ladder_gpu.py --out=$OUT           # there: trains what fits in 8 minutes, writes $OUT
     python experiments/ladder_gpu.py --smoke --out=/tmp/l # the same path on the CPU at tiny sizes (a test)
+    python experiments/ladder_gpu.py --dry_run            # the runs it would train, in order
 
 It trains the ladder runs (sweep.py's ladder preset: web text, block 128, the compact vocabulary, 20 training tokens
 per BERT parameter, its learning-rate and batch laws, snapshots for the probes along training) that are not yet in
@@ -56,6 +57,7 @@ settings = dict(
     probe_s=45.0,             # seconds to probe one run (checkpoint, snapshots, twin) until one is measured
     work_dir="out-ladder",    # the runs' checkpoints, the unpacked corpus and tasks
     smoke=False,              # tiny rungs on the built-in corpus, packed and unpacked: checks the path
+    dry_run=False,            # print the runs it would train, in order, and stop
     device="cuda" if torch.cuda.is_available() else "cpu",  # where the runs train and are probed
     compile=True,             # train.py's torch.compile (on one GPU: with CUDA graphs)
 )
@@ -176,6 +178,22 @@ def main(argv):
         raise UserError(f"--sizes={s['sizes']}: widths must be multiples of 64 (heads of 64 channels)")
     read_families(s["families"])
     check_device(s["device"])
+    done = set()
+    if s["results"]:
+        with open(s["results"]) as f:
+            done = {json.loads(line)["name"] for line in f}
+    data_dir = os.path.abspath(os.path.join(s["work_dir"], "data"))
+    p = dict(PRESETS["ladder"], sizes=sizes, flops=[0] * len(sizes), dataset=data_dir, micro_batch=s["micro_batch"])
+    if s["smoke"]:
+        p["tokens_per_param"] = TINY_TOKENS_PER_PARAM
+    todo = queue(s, p, sizes, done)
+    if s["dry_run"]:
+        for run, fam, rs in todo:
+            steps, per_step = steps_for(rs)
+            print(f"{run:22s} {steps:6d} steps x {rs['total_batch_size']:6d} tokens ({rs['total_batch_size'] // 128} "
+                  f"rows) = {steps * rs['total_batch_size'] / 1e6:.0f}M input tokens, {steps * per_step:.2e} FLOPs, "
+                  f"lr {rs['learning_rate']:.2e}")
+        return
     if not s["out"]:
         raise UserError("--out is needed: the folder for results.jsonl, report.md and logs.txt")
     check_writable(s["out"], "--out")
@@ -187,18 +205,9 @@ def main(argv):
                         "--make_pack, and carry it to this machine")
     deadline = t_start + 60 * s["minutes"]
     os.makedirs(s["out"], exist_ok=True)
-    data_dir = os.path.abspath(os.path.join(s["work_dir"], "data"))
     unpack_corpus(s["pack"], data_dir)
     s["task_data"] = tokenized_tasks(unpack_tasks(s["pack"], os.path.join(s["work_dir"], "devtasks")),
                                      s["max_train"], 128)
-    done = set()
-    if s["results"]:
-        with open(s["results"]) as f:
-            done = {json.loads(line)["name"] for line in f}
-    p = dict(PRESETS["ladder"], sizes=sizes, flops=[0] * len(sizes), dataset=data_dir, micro_batch=s["micro_batch"])
-    if s["smoke"]:
-        p["tokens_per_param"] = TINY_TOKENS_PER_PARAM
-    todo = queue(s, p, sizes, done)
     name = torch.cuda.get_device_name(s["device"]) if s["device"].startswith("cuda") else "cpu"
     threads = max(1, (os.cpu_count() or 1) // s["parallel"])
     report = Report(os.path.join(s["out"], "report.md"), (
