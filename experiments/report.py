@@ -33,6 +33,12 @@ def init_diffs(rs, twins, key):
             if seed_of(r) in twins.get((r["model_type"], shape_of(r)), {})]
 
 
+def trend_cell(pairs):
+    """stats.trend's slope as a table cell, "slope [95% interval]" (points per doubling); None where it has none."""
+    fit = trend(pairs)
+    return fit and f"{fit[0]:+.2f} [{fit[0] - fit[1]:+.2f}, {fit[0] + fit[1]:+.2f}]"
+
+
 def crossing(rs, twins, key):
     """One row of the crossing table for a family's main runs rs: the first budget where trained beats its random
     twins (paired by seed, the interval above 0), and the trend of trained − init over budgets."""
@@ -120,11 +126,8 @@ def summarize(results):
     for fam, ref in COMPARISONS:
         for key, probe in PROBES:
             pairs = points.get((fam, ref, key), [])
-            fit = trend(pairs)
-            if fit:
-                slope, hw = fit[:2]
-                trends.append(f"| {fam} − {ref} | {probe} | {len(pairs)} | {slope:+.2f} [{slope - hw:+.2f}, "
-                              f"{slope + hw:+.2f}] |")
+            if cell := trend_cell(pairs):
+                trends.append(f"| {fam} − {ref} | {probe} | {len(pairs)} | {cell} |")
     if trends:
         lines += ["", "Each difference against training FLOPs across the budgets: the least-squares trend against log2 "
                   "FLOPs (every seed pair a point) in points per doubling, [95% interval].", "",
@@ -263,13 +266,8 @@ def own_lr(results):
                              f"{verdict(diffs['linear_avg'])} / {verdict(diffs['knn_avg'])} |")
                 for key, d in diffs.items():
                     points.setdefault((fam, ref, way, key), []).extend((rung_params(a[common[0]]), x) for x in d)
-    trends = []
-    for (fam, ref, way, key), pairs in points.items():
-        fit = trend(pairs)
-        if fit:
-            slope, hw = fit[:2]
-            trends.append(f"| {fam} − {ref} | {way} | {dict(PROBES)[key]} | {len(pairs)} | "
-                          f"{slope:+.2f} [{slope - hw:+.2f}, {slope + hw:+.2f}] |")
+    trends = [f"| {fam} − {ref} | {way} | {dict(PROBES)[key]} | {len(pairs)} | {cell} |"
+              for (fam, ref, way, key), pairs in points.items() if (cell := trend_cell(pairs))]
     if trends:
         lines += ["", "Those differences against model size: the least-squares trend against log2 of BERT's parameters "
                   "at each shape (every seed pair a point) in points per doubling, [95% interval].", "",
