@@ -121,6 +121,23 @@ def test_budgets_select_a_subset_of_the_plan(monkeypatch, capsys):
         ["bert-4x256-2.7e14", "bert-4x256-2.7e14-s1"]
 
 
+def test_the_lr_axis_scales_each_familys_law(monkeypatch, capsys):
+    p = runs.PRESETS["ladder"]
+    main = {n: s for n, _, s in sweep.plan(p, ["main"], ("bert", "crossbert"), seeds=2, budgets={"1.2e14"})}
+    grid = sweep.plan(p, ["lr"], ("bert", "crossbert"), seeds=2, budgets={"1.2e14"}, lr_scales=(0.5, 2.0))
+    assert [n for n, _, _ in grid] == ["bert-2x128-lr0.5", "bert-2x128-lr2", "crossbert-2x128-lr0.5",
+                                       "crossbert-2x128-lr2", "bert-2x128-lr0.5-s1", "bert-2x128-lr2-s1",
+                                       "crossbert-2x128-lr0.5-s1", "crossbert-2x128-lr2-s1"]
+    for name, axis, s in grid:  # only the learning rate and its floor move: the budget, batch, seed and warmup stay
+        law, m = main[name.replace("-lr0.5", "").replace("-lr2", "")], 0.5 if "lr0.5" in name else 2.0
+        assert axis == "lr" and s["learning_rate"] == law["learning_rate"] * m and s["min_lr"] == law["min_lr"] * m
+        assert {k: v for k, v in s.items() if k not in ("learning_rate", "min_lr")} == \
+            {k: v for k, v in law.items() if k not in ("learning_rate", "min_lr")}
+    err = script_error(monkeypatch, capsys, "experiments/sweep.py", "--preset=ladder", "--dry_run", "--axes=lr",
+                       "--lr_scales=0.5,-2")
+    assert "--lr_scales=0.5,-2: expected comma-separated positive multipliers" in err
+
+
 def test_power_laws_follow_the_budget():
     p = dict(runs.PRESETS["cpu"], anchor=(1e13, 1e-3, 4096))
     small, big = (runs.run_settings(p, 2, 64, 2, "bert", f) for f in (1e13, 1e15))
