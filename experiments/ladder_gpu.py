@@ -119,8 +119,10 @@ def too_late(now, train_ends, probe_s, deadline):
 
 def flat(scores):
     """probe_model's {task: {linear, knn}, linear_avg, knn_avg} as a sweep record's {"TASK/linear": %, ...}."""
-    return {f"{k}/{p}" if isinstance(v, dict) else k: (v[p] if isinstance(v, dict) else v)
-            for k, v in scores.items() for p in (("linear", "knn") if isinstance(v, dict) else (None,))}
+    out = {}
+    for key, value in scores.items():
+        out.update({f"{key}/{p}": value[p] for p in ("linear", "knn")} if isinstance(value, dict) else {key: value})
+    return out
 
 
 def probe_run(name, rs, run_dir, s):
