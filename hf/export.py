@@ -1,25 +1,35 @@
 """
-Export a trained encoder to a folder the HF ecosystem loads: transformers' AutoModel, and sentence-transformers.
+Export a trained encoder, with what fills its masks, to a folder the HF ecosystem loads: transformers' Auto classes,
+pipeline("fill-mask") and the Trainer, and sentence-transformers.
 
-    python hf/export.py --ckpt=out/ckpt.pt --out=exported/my-encoder                       # the encoder alone
-    python hf/export.py --ckpt=out/ckpt.pt --pooler=pooler.pt --out=exported/my-embedder   # with embed.py's pooler
+    python hf/export.py --ckpt=out/ckpt.pt --out=exported/my-model                          # encoder + what fills masks
+    python hf/export.py --ckpt=out/ckpt.pt --pooler=pooler.pt --out=exported/my-embedder      # with embed.py's pooler
+    python hf/export.py --ckpt=out/ckpt.pt --encoder_only=True --out=exported/my-encoder      # the encoder alone
+    python hf/export.py --ckpt=random --like=out/ckpt.pt --out=exported/my-twin               # its random-init twin
 
-    from transformers import AutoModel, AutoTokenizer
-    model = AutoModel.from_pretrained("exported/my-encoder", trust_remote_code=True)
-    tokenizer = AutoTokenizer.from_pretrained("exported/my-encoder")
+    from transformers import AutoModel, AutoTokenizer, pipeline
+    model = AutoModel.from_pretrained("exported/my-model", trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained("exported/my-model")
     out = model(**tokenizer(["a text", "another"], padding=True, truncation=True, return_tensors="pt"))
     out.last_hidden_state, out.pooler_output    # model.encode()'s states; embed.py's unit-norm embedding
+    pipeline("fill-mask", model="exported/my-model", trust_remote_code=True)("Once upon a <mask>.")  # = sample.py
+    # AutoModelForSequenceClassification / ForTokenClassification: heads to fine-tune (hf/finetune.py runs the Trainer)
 
     from sentence_transformers import SentenceTransformer
     SentenceTransformer("exported/my-embedder", trust_remote_code=True).encode(["a text"])  # = embed.py --texts
 
 The folder holds:
-  model.safetensors      the encoder's weights only (and the pooler's): no optimizer, no LM head, predictor or generator
-  config.json            the encoder's ModelConfig, the pooler's kind, and the family that trained it
-  modeling_crossbert.py  the AutoModel class (beside this script), with copies of model.py and masking.py:
+  model.safetensors      the trained model's weights under model.py's names (and the pooler's), no optimizer: the
+                         encoder and what fills masks (BERT's LM head, CrossBERT's predictor, ELECTRA's generator and
+                         discriminator head); with --encoder_only=True, the encoder alone
+  config.json            the encoder's ModelConfig, the whole model's (unless --encoder_only), the pooler's kind, and
+                         the family that trained it
+  modeling_crossbert.py  the Auto classes (beside this script), with copies of model.py and masking.py:
                          the exported model runs the code it was trained with, not a second implementation
-  vocab.json, merges.txt, tokenizer_config.json   GPT-2's BPE, written from data/gpt2.tiktoken (the compact
-                         vocabulary's map is inside the model, as in training)
+  tokenizer.json, tokenizer_config.json   GPT-2's BPE, written from data/gpt2.tiktoken: <mask> is its mask token,
+                         pairs are joined by <|endoftext|> as features.py joins them, and <unk> (the first padding id)
+                         names the compact vocabulary's <unk> among the fills (the vocabulary's map is inside the model,
+                         as in training)
   modules.json, ...      sentence-transformers' files, when it (6.0 or later) is installed
 
 Needs safetensors (transformers brings it); loading needs transformers. A missing extra is named with its pip command.
@@ -39,22 +49,27 @@ from checkpoint import load_checkpoint
 from configurator import configure
 from data.tokenizer import EOT, MASK, PAD, load_ranks
 from errors import UserError, check_writable, optional, user_errors
-from features import load_pooler
+from features import load_pooler, random_twin
 
 settings = dict(
-    ckpt="out/ckpt.pt",     # a train.py checkpoint
+    ckpt="out/ckpt.pt",     # a train.py checkpoint, or random (with --like: that checkpoint's random-init twin)
+    like="",                # with --ckpt=random: the checkpoint whose shape and vocabulary map the twin takes
+    seed=1337,              # with --ckpt=random: the twin's weights
     pooler="",              # an embed.py --save_pooler file trained on --ckpt ("" = mean pooling)
+    encoder_only=False,     # True: the encoder alone (embeddings, task heads), without what fills masks
     out="",                 # the folder to write (needed); it must not exist yet
 )
 
 ENCODER_KEYS = ("wte.", "ln_e.", "blocks.", "ln_f.", "vocab_map")  # model.py's shared stack: every family's encoder
 CODE = ("model.py", "masking.py")  # what modeling_crossbert.py runs
+UNK = PAD + 1  # the first padding id names a compact vocabulary's <unk> row among the fills
 
 
-def encoder_state(model):
-    """The encoder's tensors of a trained model of any family, under the names the exported model gives them."""
-    return {f"encoder.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()
-            if k.startswith(ENCODER_KEYS)}
+def model_state(model, encoder_only):
+    """The tensors of a trained model of any family (its encoder's alone, if encoder_only), under the names the
+    exported model gives them: model.py's, under `model.`."""
+    return {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()
+            if not encoder_only or k.startswith(ENCODER_KEYS)}
 
 
 def encoder_config(config):
@@ -76,7 +91,7 @@ def byte_stand_ins():
 
 
 def bpe_files(ranks):
-    """(vocab, merges) of HF's vocab.json and merges.txt from tiktoken's ranks {token bytes: id}. A token's merge is
+    """(vocab, merges) of an HF BPE model (tokenizer.json) from tiktoken's ranks {token bytes: id}. A token's merge is
     the last step of encoding its bytes with the merges ranked below it: always two tokens of lower rank."""
     show = byte_stand_ins()
     spell = lambda tok: "".join(show[b] for b in tok)  # noqa: E731
@@ -92,41 +107,59 @@ def bpe_files(ranks):
         if len(parts) == 2:
             merges.append(f"{spell(parts[0])} {spell(parts[1])}")
     vocab = {spell(tok): rank for tok, rank in ranks.items()}
-    vocab.update({"<|endoftext|>": EOT, "<mask>": MASK, "<pad>": PAD})
+    vocab.update({"<|endoftext|>": EOT, "<mask>": MASK, "<pad>": PAD, "<unk>": UNK})
     return vocab, merges
 
 
 def write_tokenizer(folder, block_size):
+    """tokenizer.json (the tokenizers library's format, written out here) and tokenizer_config.json: GPT-2's BPE as
+    data/tokenizer.py encodes, no BOS or EOS added. <|endoftext|>, <mask> and <pad> are its special tokens, and their
+    spellings in a text are read as them, as transformers' tokenizers do (the fill-mask pipeline finds <mask> so);
+    the spaces before a <mask> belong to it, as in encode_masked(). Pairs are a <|endoftext|> b, as features.py joins
+    them; texts are cut at block_size tokens, from the longer side of a pair first."""
     vocab, merges = bpe_files(load_ranks())
-    with open(os.path.join(folder, "vocab.json"), "w", encoding="utf-8") as f:
-        json.dump(vocab, f, ensure_ascii=False)
-    with open(os.path.join(folder, "merges.txt"), "w", encoding="utf-8") as f:
-        f.write("#version: 0.2\n" + "\n".join(merges) + "\n")
-    special = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>",
-               "pad_token": "<pad>", "mask_token": "<mask>"}
+    special = [dict(id=i, content=t, single_word=False, lstrip=t == "<mask>", rstrip=False, normalized=False,
+                    special=True) for t, i in (("<|endoftext|>", EOT), ("<mask>", MASK), ("<pad>", PAD))]
+    byte_level = dict(type="ByteLevel", add_prefix_space=False, trim_offsets=True, use_regex=True)
+    sequence = lambda s, type_id: {"Sequence": {"id": s, "type_id": type_id}}  # noqa: E731
+    separator = {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}}
+    tokenizer = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": special, "normalizer": None,
+        "pre_tokenizer": byte_level, "decoder": byte_level,
+        "post_processor": {"type": "TemplateProcessing", "single": [sequence("A", 0)],
+                           "pair": [sequence("A", 0), separator, sequence("B", 1)],
+                           "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [EOT],
+                                                                "tokens": ["<|endoftext|>"]}}},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": vocab, "merges": merges}}
+    with open(os.path.join(folder, "tokenizer.json"), "w", encoding="utf-8") as f:
+        json.dump(tokenizer, f, ensure_ascii=False)
     with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
-        # as data/tokenizer.py encodes: no BOS or EOS added, special tokens' spellings in a text are plain text;
-        # texts are cut at block_size tokens, as features.tokenize() does
-        json.dump(dict(tokenizer_class="GPT2Tokenizer", model_max_length=block_size, add_prefix_space=False,
-                       add_bos_token=False, split_special_tokens=True, padding_side="right", **special), f, indent=2)
+        json.dump(dict(tokenizer_class="PreTrainedTokenizerFast", model_max_length=block_size, padding_side="right",
+                       truncation_side="right", model_input_names=["input_ids", "attention_mask"],
+                       pad_token="<pad>", mask_token="<mask>", sep_token="<|endoftext|>"), f, indent=2)
 
 
-def write_model(folder, model, ckpt_info, pooler, saved):
+def write_model(folder, model, ckpt_info, pooler, saved, encoder_only):
     from safetensors.torch import save_file  # export() checked that safetensors is installed
-    tensors = encoder_state(model)
+    tensors = model_state(model, encoder_only)
     if pooler is not None:
         tensors.update({f"pooler.{k}": v.detach().cpu().contiguous() for k, v in pooler.state_dict().items()})
     save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
     cfg = model.config
+    classes = ("Config", "EncoderConfig"), ("Model", "EncoderModel"), ("ModelForMaskedLM", "ForMaskedLM"), \
+        ("ModelForSequenceClassification", "ForSequenceClassification"), \
+        ("ModelForTokenClassification", "ForTokenClassification")
     config = dict(
-        architectures=["CrossBERTEncoderModel"], model_type="crossbert_encoder",
-        auto_map={"AutoConfig": "modeling_crossbert.CrossBERTEncoderConfig",
-                  "AutoModel": "modeling_crossbert.CrossBERTEncoderModel"},
-        encoder=encoder_config(cfg),
+        architectures=["CrossBERTEncoderModel" if encoder_only else "CrossBERTForMaskedLM"],
+        model_type="crossbert_encoder",
+        auto_map={f"Auto{auto}": f"modeling_crossbert.CrossBERT{ours}" for auto, ours in classes},
+        encoder=encoder_config(cfg), masked_lm=None if encoder_only else vars(cfg),
         pooler=None if saved is None else {k: saved[k] for k in ("kind", "n_embd", "n_head")},
         trained_as=cfg.model_type, hidden_size=cfg.n_embd, num_hidden_layers=cfg.n_layer,
         num_attention_heads=cfg.n_head, max_position_embeddings=cfg.block_size, vocab_size=cfg.token_ids,
-        pad_token_id=PAD, torch_dtype="float32", trained=ckpt_info)
+        pad_token_id=PAD, mask_token_id=MASK, unk_token_id=UNK, torch_dtype="float32", trained=ckpt_info)
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     shutil.copy(os.path.join(HERE, "modeling_crossbert.py"), folder)
@@ -142,7 +175,7 @@ def write_model(folder, model, ckpt_info, pooler, saved):
 
 
 def write_sentence_transformers(folder, block_size):
-    """sentence-transformers' files in the same folder: one module, the exported model, whose pooler_output is the
+    """sentence-transformers' files in the same folder: one module, the exported encoder, whose pooler_output is the
     sentence embedding. Skipped, with a line saying so, when sentence-transformers (6.0 or later) is not installed:
     the folder still loads in transformers."""
     try:  # the module of 6.0 on, whose Transformer takes modality_config
@@ -157,20 +190,32 @@ def write_sentence_transformers(folder, block_size):
         config_kwargs={"trust_remote_code": True}, processor_kwargs={"trust_remote_code": True},
         modality_config={"text": {"method": "forward", "method_output_name": "pooler_output"}},
         module_output_name="sentence_embedding")
-    SentenceTransformer(modules=[module]).save(folder)
+    # saved aside, and only its own files kept: its save would write the encoder alone over the export's weights
+    scratch = os.path.join(folder, "sentence-transformers")
+    SentenceTransformer(modules=[module]).save(scratch)
+    for name in os.listdir(scratch):
+        if not os.path.exists(os.path.join(folder, name)):
+            os.rename(os.path.join(scratch, name), os.path.join(folder, name))
+    shutil.rmtree(scratch)
     return True
 
 
-def export(ckpt_path, out, pooler_path=""):
-    """Write the export folder `out` (which must not exist yet) from a checkpoint and, optionally, a saved pooler."""
+def export(ckpt_path, out, pooler_path="", encoder_only=False, like="", seed=1337):
+    """Write the export folder `out` (which must not exist yet) from a checkpoint, or the random twin of `like` (with
+    ckpt_path "random"), and, optionally, a saved pooler."""
     optional("safetensors", "export")  # model.safetensors
     if os.path.exists(out):
         raise UserError(f"--out={out} already exists; pick a new folder (or remove it) so nothing in it is lost")
+    if bool(like) != (ckpt_path == "random"):
+        raise UserError("--ckpt=random and --like=CKPT go together: the random-init twin of CKPT")
     check_writable(out, "--out")
     try:
-        model, ckpt = load_checkpoint(ckpt_path)
+        model, ckpt = load_checkpoint(like or ckpt_path)
     except ValueError as e:
         raise UserError(str(e)) from None
+    info = dict(ckpt=ckpt_path, step=ckpt.get("step"), tokens=ckpt.get("tokens"), pooler=pooler_path or None)
+    if like:  # the baseline a trained checkpoint must beat: its shape and vocabulary map, fresh weights
+        model, info = random_twin(model, seed), dict(ckpt="random", like=like, seed=seed, pooler=pooler_path or None)
     pooler, saved = load_pooler(pooler_path, "--pooler") if pooler_path else (None, None)
     if saved and saved["n_embd"] != model.config.n_embd:
         raise UserError(f"--pooler={pooler_path} is a pooler of {saved['n_embd']} dims, but --ckpt={ckpt_path} has "
@@ -179,8 +224,7 @@ def export(ckpt_path, out, pooler_path=""):
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.", dir=parent)
     try:
-        info = dict(ckpt=ckpt_path, step=ckpt.get("step"), tokens=ckpt.get("tokens"), pooler=pooler_path or None)
-        write_model(tmp, model, info, pooler, saved)
+        write_model(tmp, model, info, pooler, saved, encoder_only)
         write_tokenizer(tmp, model.config.block_size)
         st = write_sentence_transformers(tmp, model.config.block_size)
         os.rename(tmp, out)
@@ -196,11 +240,12 @@ def main(argv=None):
     with user_errors("export.py"):
         if not s["out"]:
             raise UserError("--out=FOLDER is needed: the folder to write (it must not exist yet)")
-        st = export(s["ckpt"], s["out"], s["pooler"])
+        st = export(s["ckpt"], s["out"], s["pooler"], s["encoder_only"], s["like"], s["seed"])
     files = sorted(os.listdir(s["out"]))
     size = sum(os.path.getsize(os.path.join(s["out"], f)) for f in files if os.path.isfile(os.path.join(s["out"], f)))
     print(f"wrote {s['out']} ({len(files)} files, {size / 1e6:.1f} MB) in {time.time() - t0:.1f}s; loads with "
-          f"AutoModel.from_pretrained({s['out']!r}, trust_remote_code=True)"
+          f"AutoModel.from_pretrained({s['out']!r}, trust_remote_code=True), the task heads' Auto classes"
+          + ("" if s["encoder_only"] else ', AutoModelForMaskedLM (pipeline("fill-mask"))')
           + (" and SentenceTransformer(..., trust_remote_code=True)" if st else ""))
 
 

@@ -1,5 +1,6 @@
 """export.py: a checkpoint to a folder that transformers (and sentence-transformers) load, with the same features
-as model.encode() and embed.py. The round trips skip without the optional extras; CI installs them."""
+as model.encode() and embed.py, and its tokenizer. The round trips skip without the optional extras; CI installs them.
+The heads on the export (fill-mask, fine-tuning) are tests/test_hf_heads.py's."""
 import json
 import os
 import sys
@@ -10,12 +11,12 @@ import torch
 import export
 from checkpoint import save_checkpoint
 from conftest import assert_one_line_error
-from data.tokenizer import MASK, PAD, encode, load_ranks
-from features import embed_texts, pad, save_pooler, tokenize
+from data.tokenizer import EOT, MASK, PAD, encode, encode_masked, load_ranks
+from features import embed_texts, pad, random_twin, save_pooler, tokenize
 from model import MODELS, POOLERS, AttentionPooler, ModelConfig
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=512)
-TEXTS = ["A short one.", "", "Naïve café — 東京 emoji 🙂, and <mask> or <pad> or <|endoftext|> spelled out.",
+TEXTS = ["A short one.", "", "Naïve café — 東京 emoji 🙂, and <unk> or <mask spelled out.",
          "word " * 60, "  leading spaces\tand tabs\nand a newline", "1234567 numbers 3.14159", "x"]
 
 
@@ -49,7 +50,7 @@ def test_bpe_files_rebuild_gpt2s_merges():
     ranks = load_ranks()
     vocab, merges = export.bpe_files(ranks)
     assert len(merges) == sum(len(t) > 1 for t in ranks) == 50000
-    assert (vocab["<mask>"], vocab["<pad>"], vocab["<|endoftext|>"]) == (MASK, PAD, 50256)
+    assert (vocab["<mask>"], vocab["<pad>"], vocab["<|endoftext|>"], vocab["<unk>"]) == (MASK, PAD, EOT, PAD + 1)
     assert vocab["Ġthe"] == encode(" the")[0] and vocab["hello"] == encode("hello")[0]
     show = export.byte_stand_ins()
     assert sorted(show.values()) == sorted(set(show.values())) and len(show) == 256  # a bijection of the bytes
@@ -60,25 +61,43 @@ def test_bpe_files_rebuild_gpt2s_merges():
 
 
 @pytest.mark.slow  # seconds of whole runs for plumbing, not an idea: RUN_SLOW=1 (and CI) runs it
-def test_export_holds_the_encoder_only(tmp_path):
+@pytest.mark.parametrize("encoder_only", [False, True])
+def test_export_holds_the_model_or_the_encoder_only(encoder_only, tmp_path):
+    """By default the whole trained model (encoder, and what fills masks) under model.py's names; with
+    --encoder_only=True the encoder's tensors alone (no LM head, predictor or generator)."""
     pytest.importorskip("safetensors")
     from safetensors.torch import load_file
     for model_type in MODELS:
         path, model = write_ckpt(tmp_path, model_type)
         out = tmp_path / f"{model_type}-export"
-        export.main([f"--ckpt={path}", f"--out={out}"])
+        export.main([f"--ckpt={path}", f"--out={out}", f"--encoder_only={encoder_only}"])
         tensors = load_file(out / "model.safetensors")
-        want = {k for k in model.state_dict() if k.startswith(export.ENCODER_KEYS)}
-        assert {k.removeprefix("encoder.") for k in tensors} == want
-        assert not any(k.startswith(("encoder.predictor", "encoder.generator", "encoder.head", "encoder.mask_query"))
-                       for k in tensors)
+        want = {k for k in model.state_dict() if k.startswith(export.ENCODER_KEYS) or not encoder_only}
+        assert {k.removeprefix("model.") for k in tensors} == want
+        assert any(k.startswith(("model.predictor", "model.generator", "model.head")) for k in tensors) != encoder_only
         for k in want:
-            assert torch.equal(tensors[f"encoder.{k}"], model.state_dict()[k])
+            assert torch.equal(tensors[f"model.{k}"], model.state_dict()[k])
         config = json.loads((out / "config.json").read_text())
         assert config["trained_as"] == model_type and config["encoder"]["n_layer"] == TINY["n_layer"]
         assert config["encoder"]["lm_head"] is False and config["pooler"] is None
+        assert config["masked_lm"] == (None if encoder_only else json.loads(json.dumps(vars(model.config))))
         code = (out / "model.py").read_text()
         assert "\nfrom .masking import " in code and "\nfrom masking import " not in code
+
+
+@pytest.mark.slow
+def test_export_of_a_random_twin(tmp_path):
+    """--ckpt=random --like=CKPT writes features.random_twin(CKPT): its vocabulary map, fresh weights of --seed."""
+    pytest.importorskip("safetensors")
+    from safetensors.torch import load_file
+    path, model = write_ckpt(tmp_path)
+    export.main(["--ckpt=random", f"--like={path}", "--seed=3", f"--out={tmp_path / 'twin'}"])
+    tensors = load_file(tmp_path / "twin" / "model.safetensors")
+    twin = random_twin(model, 3).state_dict()
+    assert all(torch.equal(tensors[f"model.{k}"], v) for k, v in twin.items())
+    assert torch.equal(twin["vocab_map"], model.vocab_map) and not torch.equal(twin["wte.weight"], model.wte.weight)
+    trained = json.loads((tmp_path / "twin" / "config.json").read_text())["trained"]
+    assert trained["ckpt"] == "random" and trained["like"] == str(path) and trained["seed"] == 3
 
 
 @pytest.mark.slow
@@ -108,6 +127,25 @@ def test_transformers_loads_the_export_with_the_same_features(model_type, kind, 
 
 
 @pytest.mark.slow
+def test_the_tokenizer_reads_special_tokens_and_joins_pairs_as_features_py(tmp_path):
+    """<mask> is the mask token, with the spaces before it (as sample.py's encode_masked reads it); <pad> and
+    <|endoftext|> spelled in a text are those tokens too, as transformers' tokenizers read them; a pair is
+    a <|endoftext|> b, cut to the block as features.tokenize() cuts it (the longer side first)."""
+    transformers = pytest.importorskip("transformers")
+    path, _ = write_ckpt(tmp_path)
+    export.export(str(path), str(tmp_path / "export"))
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")
+    assert (tok.mask_token_id, tok.pad_token_id, tok.sep_token_id) == (MASK, PAD, EOT)
+    for text in ["Once upon a <mask>.", "a <mask> b<mask>  <mask>!", "<mask> starts, ends <mask>"]:
+        assert tok(text)["input_ids"] == encode_masked(text)
+    assert tok("a <pad> b <|endoftext|>")["input_ids"] == encode("a ") + [PAD] + encode(" b ") + [EOT]
+    pairs = [("A short one.", "And another, a bit longer than it."), ("word " * 40, "x y"), ("a " * 10, "b " * 40),
+             ("c " * 31, "d " * 30), ("", "z")]
+    got = tok([a for a, _ in pairs], [b for _, b in pairs], truncation=True)["input_ids"]
+    assert got == tokenize(pairs, TINY["block_size"])[0]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", [None, "attn"])
 def test_sentence_transformers_encode_equals_embed_py(kind, tmp_path):
     st = pytest.importorskip("sentence_transformers")
@@ -134,6 +172,8 @@ def test_bad_export_input_is_one_line_and_loses_nothing(tmp_path):
     save_pooler(wide, AttentionPooler(64, 2), "attn", 64, 2, "big/ckpt.pt")
     assert_one_line_error(export.main, [f"--ckpt={path}", f"--pooler={wide}", f"--out={tmp_path / 'b'}"],
                           "export.py", "64 dims", "big/ckpt.pt")
+    assert_one_line_error(export.main, [f"--like={path}", f"--out={tmp_path / 'c'}"], "export.py",
+                          "--ckpt=random and --like=CKPT go together")
     assert sorted(os.listdir(tmp_path)) == sorted(["crossbert.pt", "kept", "wide.pt"])  # no folder half-written
 
 
