@@ -241,8 +241,8 @@ def restore(ckpt, model, optimizer, rank, device):
 def stop_non_finite(step, what, value, ckpt_path, s):
     """Stop a run whose loss (`what`) is not finite, saving nothing: the last checkpoint holds finite weights."""
     saved = f"resume from {ckpt_path} (--init_from=resume)" if os.path.exists(ckpt_path) else "no checkpoint was written"
-    raise UserError(f"step {step}: {what} is {value}; stopping without saving. {saved}, and try a lower learning_rate (now "
-             f"{s['learning_rate']}), a lower init_std (now {s['init_std']}), or grad_clip")
+    raise UserError(f"step {step}: {what} is {value}; stopping without saving. {saved}, and try a lower learning_rate "
+                    f"(now {s['learning_rate']}), a lower init_std (now {s['init_std']}), or grad_clip")
 
 
 def save_snapshot(out_dir, model, record):
