@@ -335,6 +335,26 @@ def reach(runs_a, runs_b, key):
     return rows, fmt_ratio([row[4] for row in rows]) if rows else "-"
 
 
+def cms_table(results):
+    """CrossBERT with complementary masking (the main runs) against one view without it (the cms axis), per shape
+    and probe: the input tokens each needs to reach a common score (reach(): the lower final score of each seed pair,
+    along the snapshots), their ratio on / off per seed and over seeds, and what the same points cost in training
+    FLOPs (the ratio times on's FLOPs per input token over off's: CMS runs twice the views)."""
+    rows = []
+    for shape in sorted({shape_of(r) for r in results if r["axis"] == "cms"}, key=lambda x: [int(n) for n in x.split("x")]):
+        off = [r for r in results if r["axis"] == "cms" and shape_of(r) == shape]
+        on = [r for r in results if r["axis"] == "main" and r["model_type"] == "crossbert" and shape_of(r) == shape]
+        per_token = {name: np.mean([r["flops"] / r["tokens"] for r in rs]) for name, rs in (("on", on), ("off", off))}
+        for key, probe in PROBES:
+            pairs, ratio = reach(on, off, key)
+            if pairs:
+                seeds = ", ".join(f"{k}: {a / 1e6:.1f}M / {b / 1e6:.1f}M = {x:.2f}" for k, _, a, b, x in pairs)
+                flops = np.exp(np.mean(np.log([x for *_, x in pairs]))) * per_token["on"] / per_token["off"]
+                rows.append(f"| {shape} | {probe} | {seeds} | {ratio} | {flops:.2f}x |")
+    return "\n".join(["| shape | probe | seed: tokens on / off = ratio (to each pair's lower final score) | on / off over "
+                      "seeds [95%] | FLOPs on / off to the same point |", "|" + "---|" * 5, *rows]) if rows else ""
+
+
 def write_markdown(results, out_dir):
     """out_dir/results.md: the summary, the probes across layers and along training (runs that have them), each family
     at its own learning rate (with runs of the lr axis), the tokens equal FLOPs buy, then every run (written whole,
@@ -357,6 +377,12 @@ def write_markdown(results, out_dir):
                   "the multiplier with its own lowest mean val loss, over the seeds every multiplier has (seed 0 alone "
                   "when the grid has one seed); the linear probe's pick by the same rule is beside it, a sensitivity, "
                   "not the choice.\n\n" + lr)
+    cms = cms_table(results)
+    if cms:
+        extra += ("\n## Complementary masking: input tokens to the same score\n\nCrossBERT with CMS (two complementary "
+                  "views a row, every token a target once) against one 50% view, at equal steps and input tokens: below "
+                  "1x, CMS needs fewer input tokens (the paper's claim is 2x, i.e. 0.5x here), at the FLOPs in the last "
+                  "column.\n\n" + cms)
     if any(r["axis"] == "main" for r in results):
         extra += ("\n## Tokens seen at equal FLOPs\n\nWhat each family's FLOPs buy: input tokens (rows x block), per "
                   "parameter of BERT at that shape, BERT's over the family's, and the share of a training step the LM "

@@ -15,10 +15,11 @@ same command continues the sweep. Outputs, in out_dir: results.jsonl (one record
 results.md (the table) and, with matplotlib installed, probe_vs_flops.png, val_loss_vs_flops.png and
 cms_tokens.png.
 
-Axes besides the main BERT-vs-CrossBERT comparison (the paper's ablations), at one size:
+Axes besides the main BERT-vs-CrossBERT comparison (the paper's ablations), seed by seed, at the preset's ablation size
+(every size of --budgets for the ladder, whose default is --axes=main):
   mask      BERT at 20% and 50% masking, CrossBERT at 50% and 75%, all at the same FLOPs
   cms       CrossBERT with and without complementary masking at equal unique tokens (equal steps):
-            the "2x sample efficiency" claim, as val loss against unique training tokens
+            the "2x sample efficiency" claim: val loss, and input tokens to the same probe score, against unique tokens
   predictor CrossBERT's predictor depth, at the same FLOPs
   lr        each family at --lr_scales times the power law's learning rate, at every size and seed of the plan:
             each family's own optimum (docs/experiments.md); the law's own runs (x1) are the main axis
@@ -47,7 +48,7 @@ settings = dict(
     preset="cpu",             # cpu, cpu-gutenberg, ladder or gpu: sizes, budgets, corpus, hardware (runs.py's PRESETS)
     out_dir="",               # "" = sweep-<preset>
     dry_run=False,            # print the plan (runs, FLOPs, steps, batch, lr, estimated time) and train nothing
-    axes="main,mask,cms,predictor",  # the main comparison and the ablations at one size, and lr (see above)
+    axes="",                  # main, mask, cms, predictor, lr (see above), comma-separated; "" = the preset's
     lr_scales="0.5,2",        # the lr axis's multipliers of the power law's learning rate (and of its min_lr)
     families="",              # the models of the main comparison, e.g. bert,crossbert,electra; "" = the preset's (all three
                               # unless it says)
@@ -89,31 +90,35 @@ def plan(p, axes, families=tuple(MODELS), seeds=1, budgets=None, lr_scales=()):
         tag = f"-{short(budget)}" if (L, C, H) in repeated else ""
         if budgets is not None and short(budget) not in budgets:
             continue
+        # the ablations asked for: at the preset's ablation size, or at every size of the plan for a preset without one
+        ablate = p["ablation_size"] in (None, i) and any(a in axes for a in ("mask", "cms", "predictor"))
         # seed by seed, every family at each seed: a sweep stopped part way has families to compare, paired by seed
         for k in range(seeds):
+            seed, sfx = 1337 + k, f"-s{k}" if k else ""
             for model_type in families:
                 # the ablations below vary BERT's and CrossBERT's masking: those two are their reference
-                if "main" in axes or (i == p["ablation_size"] and model_type in ("bert", "crossbert")):
-                    runs.append((f"{model_type}-{L}x{C}{tag}" + (f"-s{k}" if k else ""), "main",
-                                 run_settings(p, L, C, H, model_type, budget, seed=1337 + k)))
+                if "main" in axes or (ablate and model_type in ("bert", "crossbert")):
+                    runs.append((f"{model_type}-{L}x{C}{tag}{sfx}", "main",
+                                 run_settings(p, L, C, H, model_type, budget, seed=seed)))
                 for m in lr_scales if "lr" in axes else ():
-                    rs = run_settings(p, L, C, H, model_type, budget, seed=1337 + k)
+                    rs = run_settings(p, L, C, H, model_type, budget, seed=seed)
                     rs.update(learning_rate=rs["learning_rate"] * m, min_lr=rs["min_lr"] * m)
-                    runs.append((f"{model_type}-{L}x{C}{tag}-lr{m:g}" + (f"-s{k}" if k else ""), "lr", rs))
-        if i != p["ablation_size"]:
-            continue
-        size = f"{L}x{C}"
-        if "mask" in axes:
-            runs.append((f"bert-{size}-mask0.5", "mask", run_settings(p, L, C, H, "bert", budget, mask_ratio=0.5)))
-            runs.append((f"crossbert-{size}-mask0.75", "mask",
-                         run_settings(p, L, C, H, "crossbert", budget, mask_ratio=0.75)))
-        if "predictor" in axes:
-            runs.append((f"crossbert-{size}-pred{max(2, L // 2)}", "predictor",
-                         run_settings(p, L, C, H, "crossbert", budget, pred_layer=max(2, L // 2))))
-        if "cms" in axes:  # CMS off sees as many unique tokens as the main CrossBERT run: same steps, half the FLOPs
-            main = run_settings(p, L, C, H, "crossbert", budget)
-            off = dict(main, cms=False, max_flops=0.0, max_iters=steps_for(main)[0])
-            runs.append((f"crossbert-{size}-nocms", "cms", off))
+                    runs.append((f"{model_type}-{L}x{C}{tag}-lr{m:g}{sfx}", "lr", rs))
+            if not ablate:
+                continue
+            size = f"{L}x{C}{tag}"
+            if "mask" in axes:
+                runs.append((f"bert-{size}-mask0.5{sfx}", "mask",
+                             run_settings(p, L, C, H, "bert", budget, mask_ratio=0.5, seed=seed)))
+                runs.append((f"crossbert-{size}-mask0.75{sfx}", "mask",
+                             run_settings(p, L, C, H, "crossbert", budget, mask_ratio=0.75, seed=seed)))
+            if "predictor" in axes:
+                runs.append((f"crossbert-{size}-pred{max(2, L // 2)}{sfx}", "predictor",
+                             run_settings(p, L, C, H, "crossbert", budget, pred_layer=max(2, L // 2), seed=seed)))
+            if "cms" in axes:  # CMS off sees as many unique tokens as the main CrossBERT run: same steps, half the FLOPs
+                main = run_settings(p, L, C, H, "crossbert", budget, seed=seed)
+                off = dict(main, cms=False, max_flops=0.0, max_iters=steps_for(main)[0])
+                runs.append((f"crossbert-{size}-nocms{sfx}", "cms", off))
     return runs
 
 
@@ -165,7 +170,8 @@ def read_plan(argv):
     at_least(s, 0, ("random_seeds",))
     check_device(s["device"])
     p.update(nproc=s["nproc"] or p["nproc"], micro_batch=s["micro_batch"] or p["micro_batch"])
-    s.update(seeds=s["seeds"] or p.get("seeds", 1), out_dir=s["out_dir"] or f"sweep-{s['preset']}")
+    s.update(seeds=s["seeds"] or p.get("seeds", 1), out_dir=s["out_dir"] or f"sweep-{s['preset']}",
+             axes=s["axes"] or p["axes"])
     families = read_families(s["families"] or p.get("families", ",".join(MODELS)))
     unknown = [a for a in s["axes"].split(",") if a not in ("main", "mask", "cms", "predictor", "lr")]
     if unknown:  # an axis spelled wrong would leave it out of the plan, silently

@@ -131,3 +131,20 @@ def test_reach_pairs_seeds_at_the_lower_final_score():
     m, hw = math.log(0.125) / 2, 12.71 * math.log(2) / 2
     assert ratio == f"{math.exp(m):.2f}x [{math.exp(m - hw):.2f}x, {math.exp(m + hw):.2f}x]" == "0.35x [0.00x, 28.94x]"
     assert report.reach(a[:1], b[:1], "linear_avg")[1] == "0.25x (1 seed)"
+
+
+def test_cms_table_reads_tokens_to_reach_and_their_flops():
+    def run(axis, seed, scores, end, flops_per_token):
+        r = along("crossbert", seed, scores, end)
+        for p in r["trajectory"]:
+            p["layers"]["1"]["knn_avg"] = p["layers"]["1"]["linear_avg"]
+        return dict(r, axis=axis, shape="2x128", flops=16e6 * flops_per_token, scores=dict(linear_avg=end, knn_avg=end))
+    # CMS on reaches off's final 60 at its 4M snapshot (seed 0) and at 8M (seed 1): 0.25 and 0.5 of off's 16M tokens;
+    # each of its tokens costs 2x the FLOPs of off's, so the same point costs sqrt(0.125) x 2 of off's FLOPs
+    results = [run("main", 0, (50, 60), 62, 2.0), run("main", 1, (50, 58), 62, 2.0),
+               run("cms", 0, (50, 55), 60, 1.0), run("cms", 1, (50, 55), 60, 1.0)]
+    table = report.cms_table(results)
+    rows = [line for line in table.splitlines() if line.startswith("| 2x128")]
+    assert len(rows) == 2 and "0: 4.0M / 16.0M = 0.25, 1: 8.0M / 16.0M = 0.50" in rows[0] and "| linear |" in rows[0]
+    assert rows[0].endswith(f"| {math.sqrt(0.125) * 2:.2f}x |") and "0.35x [" in rows[0]
+    assert report.cms_table([r for r in results if r["axis"] == "main"]) == ""  # no cms runs: no section

@@ -138,6 +138,19 @@ def test_the_lr_axis_scales_each_familys_law(monkeypatch, capsys):
     assert "--lr_scales=0.5,-2: expected comma-separated positive multipliers" in err
 
 
+def test_the_ladder_ablates_at_the_rungs_asked_for_seed_by_seed():
+    p = runs.PRESETS["ladder"]
+    planned = sweep.plan(p, ["cms", "predictor"], ("crossbert",), seeds=2, budgets={"1.2e14"})
+    assert [(n, a) for n, a, _ in planned] == [
+        ("crossbert-2x128", "main"), ("crossbert-2x128-pred2", "predictor"), ("crossbert-2x128-nocms", "cms"),
+        ("crossbert-2x128-s1", "main"), ("crossbert-2x128-pred2-s1", "predictor"), ("crossbert-2x128-nocms-s1", "cms")]
+    by = {n: s for n, _, s in planned}
+    off, on = by["crossbert-2x128-nocms-s1"], by["crossbert-2x128-s1"]  # one view, the same steps and data
+    assert off["seed"] == on["seed"] == 1338 and not off["cms"] and off["max_iters"] == sweep.steps_for(on)[0]
+    assert by["crossbert-2x128-pred2"]["pred_layer"] == 2 and "pred_layer" not in on  # the main run's is 1
+    assert [n for n, _, _ in sweep.plan(p, ["main"], ("crossbert",), budgets={"1.2e14"})] == ["crossbert-2x128"]
+
+
 def test_power_laws_follow_the_budget():
     p = dict(runs.PRESETS["cpu"], anchor=(1e13, 1e-3, 4096))
     small, big = (runs.run_settings(p, 2, 64, 2, "bert", f) for f in (1e13, 1e15))
