@@ -9,7 +9,7 @@ pipeline("fill-mask") and the Trainer, and sentence-transformers.
 
     from transformers import AutoModel, AutoTokenizer, pipeline
     model = AutoModel.from_pretrained("exported/my-model", trust_remote_code=True)
-    tokenizer = AutoTokenizer.from_pretrained("exported/my-model")
+    tokenizer = AutoTokenizer.from_pretrained("exported/my-model", trust_remote_code=True)
     out = model(**tokenizer(["a text", "another"], padding=True, truncation=True, return_tensors="pt"))
     out.last_hidden_state, out.pooler_output    # model.encode()'s states; embed.py's unit-norm embedding
     pipeline("fill-mask", model="exported/my-model", trust_remote_code=True)("Once upon a <mask>.")  # = sample.py

@@ -47,18 +47,18 @@ def encode(tokenizer, texts, labels):
 
 
 def finetune(s):
+    if not os.path.isfile(os.path.join(s["model"], "config.json")):
+        raise UserError(f"--model={s['model']} is not an exported folder (no config.json); write one with "
+                        "python hf/export.py --ckpt=CKPT --out=FOLDER")
     transformers = optional("transformers", "hf/finetune.py")
     try:  # the Trainer's, which transformers does not bring
         import accelerate  # noqa: F401
     except ImportError:
         raise UserError('hf/finetune.py needs accelerate (transformers\' Trainer runs on it), which is not installed: '
                         'pip install accelerate "torch==2.13.0"') from None
-    if not os.path.isfile(os.path.join(s["model"], "config.json")):
-        raise UserError(f"--model={s['model']} is not an exported folder (no config.json); write one with "
-                        "python hf/export.py --ckpt=CKPT --out=FOLDER")
     task = load_task(s["task"], s["glue_dir"] or None, s["max_train"], s["seed"])
     regression = task["classes"] is None
-    tokenizer = transformers.AutoTokenizer.from_pretrained(s["model"])
+    tokenizer = transformers.AutoTokenizer.from_pretrained(s["model"], trust_remote_code=True)
     transformers.set_seed(s["seed"])  # the new head's weights
     model = transformers.AutoModelForSequenceClassification.from_pretrained(
         s["model"], trust_remote_code=True, num_labels=1 if regression else len(task["classes"]))

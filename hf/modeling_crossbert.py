@@ -3,7 +3,7 @@ The exported model in HF transformers. export.py writes this file beside the wei
 masking.py, so that
 
     from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification, AutoTokenizer
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
     batch = tokenizer(texts, padding=True, truncation=True, return_tensors="pt")
     out = AutoModel.from_pretrained(folder, trust_remote_code=True)(**batch)
     out.last_hidden_state   # (B, T, C): model.py's encode(), the encoder's last layer (padding ignored)

@@ -134,7 +134,7 @@ def test_the_tokenizer_reads_special_tokens_and_joins_pairs_as_features_py(tmp_p
     transformers = pytest.importorskip("transformers")
     path, _ = write_ckpt(tmp_path)
     export.export(str(path), str(tmp_path / "export"))
-    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "export", trust_remote_code=True)
     assert (tok.mask_token_id, tok.pad_token_id, tok.sep_token_id) == (MASK, PAD, EOT)
     for text in ["Once upon a <mask>.", "a <mask> b<mask>  <mask>!", "<mask> starts, ends <mask>"]:
         assert tok(text)["input_ids"] == encode_masked(text)

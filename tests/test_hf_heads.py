@@ -86,7 +86,7 @@ def test_a_padded_batch_fills_each_row_as_alone(model_type, tmp_path):
     transformers = pytest.importorskip("transformers")
     out, _ = exported(tmp_path, model_type)
     mlm = transformers.AutoModelForMaskedLM.from_pretrained(out, trust_remote_code=True).eval()
-    tok = transformers.AutoTokenizer.from_pretrained(out)
+    tok = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=True)
     texts = [TEXT, "The <mask> barked.", "No mask in this one, only words to read.", "<mask> <mask> went up the hill."]
     batch = tok(texts, padding=True, return_tensors="pt")
     masks = (batch["input_ids"] == MASK).sum(1).tolist()
