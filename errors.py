@@ -106,6 +106,7 @@ EXTRAS = {"wandb": ("wandb", "pip install wandb"),
           "matplotlib": ("matplotlib", "pip install matplotlib"),
           "mteb": ("mteb", 'pip install mteb "torch==2.13.0"'),
           "transformers": ("transformers", 'pip install transformers "torch==2.13.0"'),
+          "accelerate": ("accelerate", 'pip install accelerate "torch==2.13.0"'),
           "safetensors": ("safetensors", "pip install safetensors"),
           "sentence_transformers": ("sentence-transformers", 'pip install "sentence-transformers>=6" "torch==2.13.0"')}
 

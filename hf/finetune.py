@@ -51,11 +51,7 @@ def finetune(s):
         raise UserError(f"--model={s['model']} is not an exported folder (no config.json); write one with "
                         "python hf/export.py --ckpt=CKPT --out=FOLDER")
     transformers = optional("transformers", "hf/finetune.py")
-    try:  # the Trainer's, which transformers does not bring
-        import accelerate  # noqa: F401
-    except ImportError:
-        raise UserError('hf/finetune.py needs accelerate (transformers\' Trainer runs on it), which is not installed: '
-                        'pip install accelerate "torch==2.13.0"') from None
+    optional("accelerate", "hf/finetune.py (transformers' Trainer)")  # the Trainer runs on it; transformers lacks it
     task = load_task(s["task"], s["glue_dir"] or None, s["max_train"], s["seed"])
     regression = task["classes"] is None
     tokenizer = transformers.AutoTokenizer.from_pretrained(s["model"], trust_remote_code=True)
