@@ -187,6 +187,7 @@ def test_non_finite_loss_stops_without_saving(tmp_path, dataset):
         assert all(torch.isfinite(t).all() for t in state.values())
 
 
+@pytest.mark.slow  # a whole run for plumbing: RUN_SLOW=1 (and CI) runs it
 def test_flop_budget_sets_the_steps(tmp_path, dataset):
     from flops import training_flops
     from model import CrossBERT, ModelConfig
@@ -198,6 +199,7 @@ def test_flop_budget_sets_the_steps(tmp_path, dataset):
     assert ckpt["step"] == 3 and ckpt["flops"] == 3 * per_step  # the most steps that fit in the budget
 
 
+@pytest.mark.slow  # a whole run for plumbing: RUN_SLOW=1 (and CI) runs it
 def test_unigram_baseline_is_logged_and_exact(tmp_path):
     import math
     from collections import Counter
