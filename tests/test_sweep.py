@@ -223,14 +223,14 @@ def test_sweep_runs_probes_and_resumes(tmp_path, monkeypatch):
     out = tmp_path / "sw"
     argv = ["--preset=tiny", f"--out_dir={out}", "--axes=main", f"--tasks={task}", "--glue_dir=", "--glue_tasks=", "--sts=",
             "--compile=False", "--random_seeds=2", "--device=cpu", "--seeds=2", "--families=bert,crossbert"]
-    devices, tables, load = [], [], sweep.load_checkpoint
+    devices, tables, load = [], [], runs.load_checkpoint
 
     def load_and_look(path, device):  # each run's checkpoint is loaded once, after it trained
         devices.append(device)
         if len(devices) == 2:  # the table follows every run: the first is in it before the second is probed
             tables.append((out / "results.md").read_text())
         return load(path, device)
-    monkeypatch.setattr(sweep, "load_checkpoint", load_and_look)
+    monkeypatch.setattr(runs, "load_checkpoint", load_and_look)  # runs.run_record loads a trained run's checkpoint
     drawn, plots = [], sweep.plots
     monkeypatch.setattr(sweep, "plots", lambda results, d: drawn.append(len(results)) or plots(results, d))
     sweep.main(argv)
