@@ -90,14 +90,18 @@ class CrossBERTEncoderModel(CrossBERTPreTrainedModel):
 # Task heads for fine-tuning, with transformers' conventions: labels, num_labels, problem_type; frozen or not is the
 # user's choice (requires_grad on model.base_model's parameters)
 
-class CrossBERTForSequenceClassification(CrossBERTPreTrainedModel):
-    """A linear head on the export's pooling of the encoder's states: classification, or regression for num_labels=1."""
+class LinearHead(CrossBERTPreTrainedModel):
+    """The exported encoder and a linear classifier on its states (what the task heads below share)."""
 
     def __init__(self, config):
         super().__init__(config)
         self.crossbert = CrossBERTEncoderModel(config)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
+
+
+class CrossBERTForSequenceClassification(LinearHead):
+    """A linear head on the export's pooling of the encoder's states: classification, or regression for num_labels=1."""
 
     def forward(self, input_ids, attention_mask=None, labels=None, **kwargs):
         logits = self.classifier(self.crossbert.pool(input_ids, attention_mask)[1])
@@ -121,14 +125,8 @@ def sequence_loss(config, logits, labels):
                      "multi_label_classification")
 
 
-class CrossBERTForTokenClassification(CrossBERTPreTrainedModel):
+class CrossBERTForTokenClassification(LinearHead):
     """A linear head on each of the encoder's states; labels of -100 (padding, a word's later pieces) are skipped."""
-
-    def __init__(self, config):
-        super().__init__(config)
-        self.crossbert = CrossBERTEncoderModel(config)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
-        self.post_init()
 
     def forward(self, input_ids, attention_mask=None, labels=None, **kwargs):
         logits = self.classifier(self.crossbert.model.encode(input_ids, attention_mask))
