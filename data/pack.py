@@ -24,7 +24,7 @@ import tempfile
 import numpy as np
 
 from data.loader import load_splits
-from data.tasks import load_task, read_tsv, task_list
+from data.tasks import load_task, read_tsv, task_list, train_subset
 from data.tokenizer import EOT
 from errors import UserError
 
@@ -101,8 +101,8 @@ def pack_tasks(spec, max_train, out_dir):
             for split in ("train", "dev"):
                 table = read_tsv(os.path.join(folder, f"{split}.tsv"))
                 rows = list(zip(*table.values()))
-                if split == "train" and 0 < max_train < len(rows):  # load_task's subset, the same seed and order
-                    rows = [rows[i] for i in np.sort(np.random.default_rng(1337).permutation(len(rows))[:max_train])]
+                if split == "train" and 0 < max_train < len(rows):  # the rows load_task keeps, in their order
+                    rows = [rows[i] for i in train_subset(len(rows), max_train)]
                 with open(os.path.join(tmp, name, f"{split}.tsv"), "w") as f:
                     f.writelines("\t".join(row) + "\n" for row in [tuple(table), *rows])
             full, small = load_task(folder, max_train=max_train), load_task(os.path.join(tmp, name), max_train=max_train)

@@ -161,6 +161,11 @@ def task_list(spec):
     return out
 
 
+def train_subset(n, max_train, seed=1337):
+    """The indices, in order, of the seeded random subset of max_train (< n) training examples that load_task keeps."""
+    return np.sort(np.random.default_rng(seed).permutation(n)[:max_train])
+
+
 def load_task(name, glue_dir=None, max_train=0, seed=1337):
     """A GLUE task by name, or a user's task by folder path: dict(name, classes, metrics, train, dev).
 
@@ -184,7 +189,7 @@ def load_task(name, glue_dir=None, max_train=0, seed=1337):
                         f"need ({'one per class' if classes else 'one to fit, one held out'}); pass at least {need}, "
                         "or 0 for all of train")
     if 0 < max_train < len(labels):
-        keep = np.sort(np.random.default_rng(seed).permutation(len(labels))[:max_train])
+        keep = train_subset(len(labels), max_train, seed)
         data["train"] = [texts[i] for i in keep], labels[keep]
     name = glue_name or os.path.basename(os.path.normpath(name))
     return dict(name=name, classes=classes, metrics=metrics, **data)

@@ -194,8 +194,9 @@ def run_record(name, axis, rs, run_dir, device, **extra):
 def twin_record(rs, seed, model):
     """The line of results.jsonl of a random-init twin (without its probes): the weights training seed `seed` of
     this family and shape starts from (features.random_twin), shared by every budget."""
-    name = f"random-{rs['model_type']}-{rs['n_layer']}x{rs['n_embd']}"
-    return dict(name=name + (f"-s{seed}" if seed else ""), cell=name, seed=seed, shape=f"{rs['n_layer']}x{rs['n_embd']}",
+    shape = f"{rs['n_layer']}x{rs['n_embd']}"
+    name = f"random-{rs['model_type']}-{shape}"
+    return dict(name=name + (f"-s{seed}" if seed else ""), cell=name, seed=seed, shape=shape,
                 axis="random", model_type=rs["model_type"], settings=rs, params=model.num_params(), flops=0, tokens=0,
                 steps=0, val_loss=None, unigram_loss=None, log=[], code=code_version())  # the code that made it
 

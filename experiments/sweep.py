@@ -180,8 +180,8 @@ def read_plan(argv):
     try:
         lr_scales = [float(m) for m in s["lr_scales"].split(",")] if s["lr_scales"] else []
     except ValueError:
-        lr_scales = [0.0]
-    if any(m <= 0 for m in lr_scales):
+        lr_scales = None
+    if lr_scales is None or any(m <= 0 for m in lr_scales):
         raise UserError(f"--lr_scales={s['lr_scales']}: expected comma-separated positive multipliers, e.g. "
                         "--lr_scales=0.5,2")
     budgets = None
