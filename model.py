@@ -297,15 +297,16 @@ class CrossBERT(MaskedLM):
         self.init_weights()
         nn.init.normal_(self.mask_query, std=config.init_std)
 
-    def predict(self, idx, views):
-        """The predictor's states (N, M, C) at each view's targets; idx (N, T) holds each view's row as embedding ids."""
+    def predict(self, idx, views, attn_mask=None):
+        """The predictor's states (N, M, C) at each view's targets; idx (N, T) holds each view's row as embedding ids.
+        attn_mask (N, 1, 1, K): which visible positions are keys (padding is not), for rows of ragged views."""
         # the encoder sees the visible tokens only, each at its original position
-        mem, _ = self.run_encoder(idx.gather(1, views.visible_pos), views.visible_pos)  # (N, K, C)
+        mem, _ = self.run_encoder(idx.gather(1, views.visible_pos), views.visible_pos, attn_mask)  # (N, K, C)
         # the predictor's queries know nothing but where they are: one learned vector, rotated by target position
         q = self.mask_query.expand(*views.target_pos.shape, -1)                        # (N, M, C)
         rope_q, rope_mem = self.rope(views.target_pos), self.rope(views.visible_pos)
         for block in self.predictor:  # cross-attention to mem only: the queries never see each other
-            q = block(q, rope_q, mem, rope_mem)
+            q = block(q, rope_q, mem, rope_mem, attn_mask)
         return self.ln_p(q)
 
 
@@ -327,13 +328,18 @@ class ELECTRA(MaskedLM):
     def run_generator(self, idx, target_pos):
         """The generator: BERT's masked-token prediction, at its own width, on embedding ids idx (N, T) with
         <mask> at target_pos (N, M). Returns its logits (N, M, vocab) there and its loss."""
-        T = idx.size(1)
-        rope = self.rope(torch.arange(T, device=idx.device))
-        x = self.gen_in(self.embed(corrupt(idx, target_pos, self.config.mask_token_id)))
+        masked = corrupt(idx, target_pos, self.config.mask_token_id)
+        return self.lm_loss(self.generator_states(masked, target_pos), idx, target_pos)
+
+    def generator_states(self, idx, target_pos, attn_mask=None):
+        """The generator's states at target_pos (N, M, C), back at the LM head's width, reading idx (N, T) as it is
+        (<mask> already at the targets); attn_mask (N, 1, 1, T): which positions are keys (padding is not)."""
+        rope = self.rope(torch.arange(idx.size(1), device=idx.device))
+        x = self.gen_in(self.embed(idx))
         for block in self.generator:
-            x = block(x, rope)
+            x = block(x, rope, attn_mask=attn_mask)
         x = x.gather(1, target_pos[..., None].expand(-1, -1, x.size(-1)))  # (N, M, Cg): only targets need the head
-        return self.lm_loss(self.gen_out(self.ln_g(x)), idx, target_pos)
+        return self.gen_out(self.ln_g(x))
 
     def fill(self, idx, views):
         """Its generator's logits (N, M, vocab) at each view's targets: the discriminator fills nothing."""

@@ -28,6 +28,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import (BaseModelOutputWithPooling, MaskedLMOutput, SequenceClassifierOutput,
                                            TokenClassifierOutput)
 
+from .masking import Views
 from .model import BERT, MODELS, POOLERS, MaskedLM, ModelConfig, mean_pool, rope_tables
 
 
@@ -190,24 +191,14 @@ def crossbert_states(m, rows, real, targets, target_pos):
     visible_pos, seen = positions(real & ~targets)
     if not seen[:, 0].all():
         raise ValueError("a text of <mask>s alone leaves CrossBERT's encoder nothing to see: keep some words")
-    keys = seen[:, None, None, :]
-    mem, _ = m.run_encoder(rows.gather(1, visible_pos), visible_pos, keys)                   # (B, K, C)
-    q = m.mask_query.expand(*target_pos.shape, -1)                                            # (B, M, C)
-    rope_q, rope_mem = m.rope(target_pos), m.rope(visible_pos)
-    for block in m.predictor:  # cross-attention to the encoder's states only
-        q = block(q, rope_q, mem, rope_mem, keys)
-    return m.ln_p(q)
+    return m.predict(rows, Views(torch.arange(len(rows), device=rows.device), visible_pos, target_pos),
+                     seen[:, None, None, :])
 
 
 def electra_states(m, rows, real, targets, target_pos):
     """ELECTRA's generator at the targets, back at the LM head's width (model.ELECTRA.run_generator): a narrow BERT
     that reads the text with <mask> there."""
-    x = m.gen_in(m.embed(rows))
-    rope = m.rope(torch.arange(rows.size(1), device=rows.device))
-    for block in m.generator:
-        x = block(x, rope, attn_mask=real[:, None, None, :])
-    x = x.gather(1, target_pos[..., None].expand(-1, -1, x.size(-1)))
-    return m.gen_out(m.ln_g(x))
+    return m.generator_states(rows, target_pos, real[:, None, None, :])
 
 
 FILL = {"bert": bert_states, "crossbert": crossbert_states, "electra": electra_states}
