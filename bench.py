@@ -9,6 +9,9 @@ with the same encoder, on synthetic tokens, and compares them with the analytic 
                                                       # the default `python train.py` run's shape and micro-step
     python bench.py --mask_ratio=0.75 --cms=False     # every model at 75% masking, one view: CrossBERT's encoder
                                                       # sees a quarter of each row (flops.py --design: the counts)
+    python bench.py --n_layer=12 --n_head=12 --n_embd=768 --block_size=512 --batch_size=2 --design
+                                                      # flops.py's design table measured: BERT and CrossBERT at
+                                                      # each mask ratio, CMS on and off, against BERT at its 20%
 
 Two throughputs, named for what they count: input tokens/s (rows x block_size, unique data) and
 view positions/s (rows x views x block_size, what complementary masking multiplies; the paper's
@@ -27,7 +30,7 @@ import torch
 
 from configurator import configure
 from errors import UserError, at_least, check_device, user_errors
-from flops import checked_peak, fastest_dtype, flops_per_position, peak_flops, peak_from_table, time_steps
+from flops import checked_peak, design, fastest_dtype, flops_per_position, peak_flops, peak_from_table, time_steps
 from model import MODELS, make_config
 
 settings = dict(
@@ -44,6 +47,7 @@ settings = dict(
     compile=True,           # torch.compile the models, as train.py does
     flash_check=False,      # CUDA: fail unless FlashAttention serves training and encode()
     profile=False,          # print the top ops by self time of each model's step
+    design=False,           # time flops.py's design rows instead (BERT and CrossBERT at 0.5, 0.667, 0.75, CMS on and off)
     seed=0,                 # the weights, tokens and views
 )
 
@@ -55,6 +59,8 @@ def main(argv):
     device = torch.device(s["device"])
     if s["flash_check"] and device.type != "cuda":
         raise UserError("--flash_check needs a CUDA device: FlashAttention is a GPU kernel")
+    if s["design"] and (s["mask_ratio"] is not None or s["cms"] is not None):
+        raise UserError("--design varies mask_ratio and cms itself; give it the shape alone")
     for model_type in MODELS:  # a shape no model can have stops here, before anything runs (ModelConfig's checks)
         try:
             make_config({**s, "model_type": model_type})
@@ -67,6 +73,8 @@ def main(argv):
     peak = peak_flops(device, dtype)
     print(f"device {device}, {s['dtype']}, compile={s['compile']}, peak {peak / 1e12:.2f} TFLOP/s "
           f"({'its datasheet' if peak_from_table(device, dtype) else 'the best of 10 matmuls'})")
+    if s["design"]:
+        return measure_design(s, device, dtype, autocast, peak)
     out, flops_per_pos = {}, {}
     for model_type in MODELS:
         r = time_steps(model_type, s, device, autocast)
@@ -93,6 +101,41 @@ def main(argv):
     if s["flash_check"]:
         print("flash served every attention")
     print(json.dumps({**out, **s}))
+
+
+def measure_design(s, device, dtype, autocast, peak):
+    """flops.design's rows timed: each row's input tokens/s and view positions/s as multiples of BERT at its default
+    ratio measured at the same block (a CMS row whose views need a shorter block gets a BERT of that block), beside the
+    multiples the analytic count predicts at equal FLOP/s. A row slower than its count spends its time outside the
+    counted matmuls (attention's softmax, the loss, gathers: a small model's overhead)."""
+    reference = {}  # block size -> the reference BERT's input tokens/s there
+    rows = []
+    print("| model | mask ratio | CMS | block | input tokens/s | vs BERT, measured / counted | view positions/s vs BERT, "
+          "measured / counted | MFU |\n" + "|---" * 8 + "|")
+    for i, r in enumerate(design(make_config({**s, "model_type": "bert"}))):
+        cfg = r["config"]
+        T = cfg.block_size
+        got = time_steps(cfg.model_type, {**s, "block_size": T, "mask_ratio": cfg.mask_ratio, "cms": cfg.cms},
+                         device, autocast)
+        if i == 0:  # design's first row is the reference itself
+            reference[T] = got["input_tokens_per_s"]
+        elif T not in reference:
+            reference[T] = time_steps("bert", {**s, "block_size": T}, device, autocast)["input_tokens_per_s"]
+        peak = checked_peak(peak, got["flops_per_s"], lambda: peak_flops(device, dtype))
+        V = cfg.views[0]
+        row = dict(model_type=cfg.model_type, mask_ratio=round(cfg.mask_ratio, 4), cms=cfg.cms, block_size=T,
+                   input_tokens_per_s=round(got["input_tokens_per_s"], 1),
+                   input_tokens_vs_bert=round(got["input_tokens_per_s"] / reference[T], 3),
+                   counted_input_tokens_vs_bert=round(r["input_tokens_vs_bert"], 3),
+                   view_positions_vs_bert=round(V * got["input_tokens_per_s"] / reference[T], 3),
+                   counted_view_positions_vs_bert=round(r["view_positions_vs_bert"], 3),
+                   mfu=round(got["flops_per_s"] / peak, 4))
+        rows.append(row)
+        print(f"| {row['model_type']} | {cfg.mask_ratio:.3g} | {'on' if cfg.cms else 'off'} | {T} | "
+              f"{row['input_tokens_per_s']:,.0f} | {row['input_tokens_vs_bert']:.2f}x / "
+              f"{row['counted_input_tokens_vs_bert']:.2f}x | {row['view_positions_vs_bert']:.2f}x / "
+              f"{row['counted_view_positions_vs_bert']:.2f}x | {100 * row['mfu']:.1f}% |", flush=True)
+    print(json.dumps({**s, "design": rows}))
 
 
 if __name__ == "__main__":

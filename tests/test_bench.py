@@ -97,6 +97,29 @@ def test_mask_ratio_and_cms_reach_every_model(monkeypatch, capsys):
         flops_per_position(cfg["bert"], "bert") / flops_per_position(cfg["crossbert"], "crossbert"), abs=1e-3)
 
 
+@pytest.mark.slow  # eleven models timed: seconds of plumbing
+def test_design_times_flops_design_rows(monkeypatch, capsys):
+    monkeypatch.setattr(bench, "peak_flops", lambda device, dtype: 1e12)
+    shape = dict(n_layer=1, n_head=2, n_embd=64, block_size=32, vocab_size=256)
+    bench.main([f"--{k}={v}" for k, v in shape.items()] + ["--batch_size=2", "--steps=1", "--warmup=0",
+                                                            "--compile=False", "--dtype=float32", "--design"])
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["design"]
+    counted_rows = design(ModelConfig(model_type="bert", **shape))
+    assert [(r["model_type"], r["cms"], r["block_size"]) for r in rows] == [
+        (c["config"].model_type, c["config"].cms, c["config"].block_size) for c in counted_rows]
+    for row, c in zip(rows, counted_rows):  # the analytic columns are flops.design's, the measured ones its timings
+        assert row["counted_input_tokens_vs_bert"] == round(c["input_tokens_vs_bert"], 3)
+        V = c["config"].views[0]  # both columns are rounded to 3 places
+        assert row["view_positions_vs_bert"] == pytest.approx(V * row["input_tokens_vs_bert"], abs=(V + 1) * 5e-4)
+    assert rows[0]["input_tokens_vs_bert"] == 1.0 and rows[0]["mask_ratio"] == 0.2   # the reference: BERT at its 20%
+    assert [r["block_size"] for r in rows if r["cms"] and r["mask_ratio"] == 0.6667] == [30]  # three views of 10
+
+
+def test_design_takes_the_shape_alone(monkeypatch, capsys):
+    assert "--design varies mask_ratio and cms itself" in script_error(monkeypatch, capsys, "bench.py", "--design",
+                                                                      "--cms=False")
+
+
 def counted(model, B):
     """torch's count of one training step's FLOPs (forward and backward) on B rows, attention as matmuls."""
     idx = torch.randint(0, 250, (B, model.config.block_size))
