@@ -466,20 +466,7 @@ def plots(results, out_dir):
     fig.savefig(os.path.join(out_dir, "val_loss_vs_flops.png"), dpi=120)
     written.append("val_loss_vs_flops.png")
 
-    cms = [r for r in results if r["axis"] == "cms"]
-    if cms:
-        ref = next((r for r in main if r["name"] == cms[0]["name"].removesuffix("-nocms")), None)
-        fig, ax = plt.subplots(figsize=(6, 4.2))
-        for r, label in ((ref, "CMS on (2 views)"), (cms[0], "CMS off (1 view)")):
-            if r:
-                curve = [(x["tokens"], x["val_loss"]) for x in r["log"] if "val_loss" in x and x["tokens"]]
-                ax.plot(*zip(*curve), "o-", label=f"{label}: {r['name']}")
-        ax.set(xlabel="unique training tokens", ylabel="val masked-token loss (nats)",
-               title="complementary masking at equal unique tokens")
-        ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, "cms_tokens.png"), dpi=120)
-        written.append("cms_tokens.png")
+    written += plot_cms(plt, results, out_dir)
     plt.close("all")
     return written
 
@@ -525,6 +512,40 @@ def plot_sizes(plt, results, main, colors, out_dir):
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "probe_vs_params.png"), dpi=120)
     return "probe_vs_params.png"
+
+
+def cms_curves(r):
+    """A run's points along training (its snapshots, then its end) for the CMS plots: {x axis: [...], probe or val
+    loss: [...]}, the probes at the last layer."""
+    points = [dict(tokens=p["tokens"], flops=p["flops"], val_loss=p["val_loss"], **p["layers"][str(len(p["layers"]) - 1)])
+              for p in r.get("trajectory", [])] + [dict(tokens=r["tokens"], flops=r["flops"], val_loss=r["val_loss"],
+                                                         **r["scores"])]
+    return {key: [p[key] for p in points] for key in ("tokens", "flops", "val_loss", *(k for k, _ in PROBES))}
+
+
+def plot_cms(plt, results, out_dir):
+    """Per shape with runs of the cms axis: cms-<shape>.png, CrossBERT with CMS (the main runs) and with one view, each
+    seed a line: the linear and kNN probes (last layer) and the val loss along training, against input tokens (the
+    paper's sample-efficiency axis) and against training FLOPs (what CMS's second view costs)."""
+    written = []
+    for shape in sorted({shape_of(r) for r in results if r["axis"] == "cms"}):
+        runs = [(r, "tab:blue", "CMS (2 views)") for r in results if r["axis"] == "main"
+                and r["model_type"] == "crossbert" and shape_of(r) == shape]
+        runs += [(r, "tab:orange", "one 50% view") for r in results if r["axis"] == "cms" and shape_of(r) == shape]
+        fig, axs = plt.subplots(2, 3, figsize=(15, 8))
+        for row, x in zip(axs, ("tokens", "flops")):
+            for ax, (key, title) in zip(row, (*PROBES, ("val_loss", "val loss (nats)"))):
+                for r, color, label in runs:
+                    curve = cms_curves(r)
+                    ax.plot(curve[x], curve[key], "o-", color=color, alpha=0.7, ms=3,
+                            label=f"{label}, seed {seed_of(r)}")
+                ax.set(xscale="log", xlabel="input tokens" if x == "tokens" else "training FLOPs",
+                       title=f"{title}, {shape}" if key == "val_loss" else f"{title} probe (last layer), {shape}")
+        axs[0][0].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, f"cms-{shape}.png"), dpi=120)
+        written.append(f"cms-{shape}.png")
+    return written
 
 
 def plot_along(plt, results, colors, out_dir):

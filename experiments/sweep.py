@@ -12,8 +12,8 @@ by flops.py): a tokens-per-parameter rule or the preset's explicit budgets. Batc
 come from power laws in the budget. Every run writes its own out_dir under the sweep folder; a run
 already in results.jsonl is skipped, and a run cut short resumes from its checkpoint, so rerunning the
 same command continues the sweep. Outputs, in out_dir: results.jsonl (one record per run),
-results.md (the table) and, with matplotlib installed, probe_vs_flops.png, val_loss_vs_flops.png and
-cms_tokens.png.
+results.md (the table) and, with matplotlib installed, probe_vs_flops.png, val_loss_vs_flops.png and, with
+the cms axis, cms-<shape>.png (probes and val loss against input tokens and against FLOPs).
 
 Axes besides the main BERT-vs-CrossBERT comparison (the paper's ablations), seed by seed, at the preset's ablation size
 (every size of --budgets for the ladder, whose default is --axes=main):

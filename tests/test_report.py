@@ -148,3 +148,30 @@ def test_cms_table_reads_tokens_to_reach_and_their_flops():
     assert len(rows) == 2 and "0: 4.0M / 16.0M = 0.25, 1: 8.0M / 16.0M = 0.50" in rows[0] and "| linear |" in rows[0]
     assert rows[0].endswith(f"| {math.sqrt(0.125) * 2:.2f}x |") and "0.35x [" in rows[0]
     assert report.cms_table([r for r in results if r["axis"] == "main"]) == ""  # no cms runs: no section
+
+
+def one_view():
+    """A run of the cms axis: snapshots at 1M and 4M input tokens (2M and 8M FLOPs), its end at 16M (32M FLOPs)."""
+    r = dict(along("crossbert", 0, (50, 60), 62), axis="cms", shape="2x128", flops=32e6, val_loss=4.5)
+    for p, flops in zip(r["trajectory"], (2e6, 8e6)):
+        p.update(flops=flops)
+        p["layers"]["1"]["knn_avg"] = p["layers"]["1"]["linear_avg"] - 10
+    r["scores"]["knn_avg"] = 52
+    return r
+
+
+def test_cms_curves_follow_the_snapshots_to_the_end():
+    assert report.cms_curves(one_view()) == dict(tokens=[1e6, 4e6, 16e6], flops=[2e6, 8e6, 32e6],
+                                                 val_loss=[5.0, 5.0, 4.5], linear_avg=[50, 60, 62], knn_avg=[40, 50, 52])
+
+
+@pytest.mark.slow  # a figure drawn: seconds of plumbing
+def test_cms_plot_per_shape(tmp_path):
+    pytest.importorskip("matplotlib")
+    r = one_view()
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    on = dict(r, axis="main", name="crossbert-2x128")
+    assert report.plot_cms(plt, [on, r], tmp_path) == ["cms-2x128.png"]
+    assert (tmp_path / "cms-2x128.png").stat().st_size > 20_000
