@@ -219,6 +219,23 @@ def choose(grid, value, best):
     return best(grid, key=lambda m: np.mean([value(grid[m][k]) for k in common])) if common else None
 
 
+def lr_laws(chosen):
+    """Each family's learning-rate law from its chosen multipliers of the shared law, {(budget, shape, family):
+    multiplier or None}: {family: (its picks {budget: multiplier}, F0, m0, d)}, the multiplier m(F) = m0 * (F / F0)**d
+    by least squares of log m on log F over its budgets (F0 the smallest; d = 0 from one budget)."""
+    picks = {}
+    for (budget, _, fam), m in chosen.items():
+        if m is not None:
+            picks.setdefault(fam, {})[budget] = m
+    laws = {}
+    for fam, by in picks.items():
+        F = np.array(sorted(by))
+        logm = np.log([by[f] for f in F])
+        d, log_m0 = np.polyfit(np.log(F / F[0]), logm, 1) if len(F) > 1 else (0.0, logm[0])
+        laws[fam] = (by, F[0], float(np.exp(log_m0)), float(d))
+    return laws
+
+
 def own_lr(results):
     """Each family at its own learning rate, as markdown; "" without runs of the lr axis. The fixed rule: each family
     takes, at each budget and shape, the multiplier of the power law's learning rate with the lowest mean val loss of
@@ -246,6 +263,23 @@ def own_lr(results):
             marks = ["yes" if m == pick else "-" for pick in (chosen[budget, shp, fam], by_linear)]
             lines.append(" | ".join([f"| {budget:.2e}", shp, fam, f"x{m:g}", ", ".join(map(str, sorted(runs))),
                                      fmt([r["val_loss"] for r in rs], places=3), *probes, *marks]) + " |")
+    lines += ["", "Each family's own law, from its choices: the multiplier of the shared law as m(F) = m0 x (F / F0)^d, "
+              "least squares in log-log over the budgets with a grid (d = 0 from one budget: a constant multiple), and "
+              "what it gives at every budget the family has main runs at; a budget without a grid gets the lr axis's "
+              "command that trains it there.", "",
+              "| family | chosen (budget: multiplier) | m0 at F0 | d | at each budget: multiplier (command where "
+              "untried) |", "|" + "---|" * 5]
+    for fam, (picks, F0, m0, d) in sorted(lr_laws(chosen).items()):
+        rungs = sorted({(r["settings"]["max_flops"], shape_of(r)) for r in results
+                        if r["axis"] == "main" and r["model_type"] == fam})
+        at = []
+        for budget, shp in rungs:
+            m = float(f"{m0 * (budget / F0) ** d:.2g}")
+            untried = (budget, shp, fam) not in grids and m != 1
+            at.append(f"{shp} x{m:g}" + (f" (`--axes=lr --budgets={budget:.2g} --families={fam} --lr_scales={m:g}`)"
+                                          .replace("e+", "e") if untried else ""))
+        lines.append(f"| {fam} | {', '.join(f'{b:.2e}: x{m:g}' for b, m in sorted(picks.items()))} | {m0:.3g} at "
+                     f"{F0:.2e} | {d:+.3f} | {'; '.join(at)} |")
     lines += ["", "Each family minus its baseline at equal FLOPs, paired by seed, [95% interval]: at the power law's "
               "learning rate (x1) and at each family's chosen multiplier.", "",
               "| budget | shape | comparison | learning rates | multipliers | pairs | linear | kNN | verdict (linear / "

@@ -9,7 +9,7 @@ import report
 from flops import param_counts
 from model import make_config
 
-BUDGETS = {(2, 128): 1.2e14, (4, 256): 2.4e15}
+BUDGETS = {(2, 128): 1.2e14, (3, 192): 6.4e14, (4, 256): 2.4e15}
 
 
 def run(fam, shape, seed, m, val, lin, knn, tokens=1_000_000):
@@ -78,6 +78,22 @@ def test_differences_at_the_law_and_at_each_familys_choice_with_their_trend_over
     law, own = -1 / doublings, -6 / doublings
     assert f"| crossbert − bert | the law (x1) | linear | 6 | {law:+.2f} [{law:+.2f}, {law:+.2f}] |" in md
     assert f"| crossbert − bert | each its own | linear | 4 | {own:+.2f} [{own:+.2f}, {own:+.2f}] |" in md
+
+
+def test_each_familys_law_is_fitted_to_its_choices_and_gives_the_untried_rungs_command():
+    # the choices above: BERT x1 at 1.2e14, x0.5 at 2.4e15; CrossBERT x2, then x1: both fall by 2x over 20x FLOPs
+    laws = report.lr_laws({(1.2e14, "2x128", "bert"): 1.0, (2.4e15, "4x256", "bert"): 0.5,
+                           (1.2e14, "2x128", "crossbert"): 2.0, (2.4e15, "4x256", "crossbert"): None,
+                           (1.2e14, "2x128", "electra"): 0.5})
+    d = math.log(0.5) / math.log(20)
+    assert laws["bert"][1:] == (1.2e14, pytest.approx(1.0), pytest.approx(d))
+    assert laws["crossbert"][1:] == (1.2e14, 2.0, 0.0) and laws["electra"][1:] == (1.2e14, 0.5, 0.0)  # one budget each
+    # a rung with main runs and no grid (3 x 192 at 6.4e14) gets the multiplier the law gives there, and its command
+    md = report.own_lr(grid() + [run(f, (3, 192), 0, 1, 4.0, 60, 50) for f in ("bert", "crossbert")])
+    cross = 2 * (6.4e14 / 1.2e14) ** d
+    row = next(line for line in md.splitlines() if line.startswith("| crossbert | 1.20e+14: x2, 2.40e+15: x1 |"))
+    assert f"3x192 x{cross:.2g} (`--axes=lr --budgets=6.4e14 --families=crossbert --lr_scales={cross:.2g}`)" in row
+    assert "2x128 x2; " in row and row.endswith("; 4x256 x1 |")  # rungs with a grid: their choice, no command
 
 
 def test_the_lr_section_needs_runs_of_the_lr_axis(tmp_path):
