@@ -389,6 +389,44 @@ def cms_table(results):
                       "seeds [95%] | FLOPs on / off to the same point |", "|" + "---|" * 5, *rows]) if rows else ""
 
 
+def variant_of(r):
+    """What a run of the mask and predictor axes (or its main run) sets: its mask ratio, views and predictor depth."""
+    cfg = make_config({**r["settings"], "model_type": r["model_type"]})
+    return (f"mask {cfg.mask_ratio:.3g}, {cfg.views[0]} view{'s' * (cfg.views[0] > 1)}" +
+            (f", {cfg.pred_layer}-block predictor" if r["model_type"] == "crossbert" else ""))
+
+
+def ablation_table(results):
+    """The mask and predictor axes as markdown ("" without them): per shape, budget and family, its main run and each
+    variant (variant_of), mean ± sd over seeds of the val loss and the two probes, and paired by seed [95% interval]:
+    the variant minus the main run at equal FLOPs, and every run minus the random twin holding its seed's initial
+    weights (the twins are the main runs' encoders at init; the variants build the same encoder)."""
+    main = {(r["settings"]["max_flops"], shape_of(r), r["model_type"], seed_of(r)): r for r in results
+            if r["axis"] == "main"}
+    twins = {(r["model_type"], shape_of(r), seed_of(r)): r["scores"] for r in results if r["axis"] == "random"}
+    cells = {}  # (budget, shape, family) -> {variant: [runs]}
+    for r in results:
+        if r["axis"] in ("mask", "predictor"):
+            cells.setdefault((r["settings"]["max_flops"], shape_of(r), r["model_type"]), {}).setdefault(
+                variant_of(r), []).append(r)
+    if not cells:
+        return ""
+    lines = ["| budget | shape | family | run | seeds | val loss | linear | kNN | − main run: linear | kNN | − twins: "
+             "linear | kNN |", "|" + "---|" * 12]
+    for (budget, shp, fam), variants in sorted(cells.items()):
+        ref = [main[key] for key in sorted(main) if key[:3] == (budget, shp, fam)]
+        diff = lambda xs: fmt(xs, True) if xs else "-"
+        for name, rs in ([(f"main: {variant_of(ref[0])}", ref)] if ref else []) + sorted(variants.items()):
+            to_main = [diff([r["scores"][k] - main[budget, shp, fam, seed_of(r)]["scores"][k] for r in rs
+                             if rs is not ref and (budget, shp, fam, seed_of(r)) in main]) for k, _ in PROBES]
+            to_twin = [diff([r["scores"][k] - twins[fam, shp, seed_of(r)][k] for r in rs
+                             if (fam, shp, seed_of(r)) in twins]) for k, _ in PROBES]
+            lines.append(" | ".join([f"| {budget:.2e}", shp, fam, name, ", ".join(str(seed_of(r)) for r in rs),
+                                     fmt([r["val_loss"] for r in rs], places=3),
+                                     *(fmt([r["scores"][k] for r in rs]) for k, _ in PROBES), *to_main, *to_twin]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def write_markdown(results, out_dir):
     """out_dir/results.md: the summary, the probes across layers and along training (runs that have them), each family
     at its own learning rate (with runs of the lr axis), the tokens equal FLOPs buy, then every run (written whole,
@@ -417,6 +455,11 @@ def write_markdown(results, out_dir):
                   "views a row, every token a target once) against one 50% view, at equal steps and input tokens: below "
                   "1x, CMS needs fewer input tokens (the paper's claim is 2x, i.e. 0.5x here), at the FLOPs in the last "
                   "column.\n\n" + cms)
+    ablations = ablation_table(results)
+    if ablations:
+        extra += ("\n## The mask ratio and the predictor's depth\n\nEach variant at its main run's FLOPs (val losses "
+                  "compare within a mask ratio only: each ratio predicts a different share from a different context), "
+                  "against the main run and against the random twins, paired by seed.\n\n" + ablations)
     if any(r["axis"] == "main" for r in results):
         extra += ("\n## Tokens seen at equal FLOPs\n\nWhat each family's FLOPs buy: input tokens (rows x block), per "
                   "parameter of BERT at that shape, BERT's over the family's, and the share of a training step the LM "

@@ -17,7 +17,8 @@ the cms axis, cms-<shape>.png (probes and val loss against input tokens and agai
 
 Axes besides the main BERT-vs-CrossBERT comparison (the paper's ablations), seed by seed, at the preset's ablation size
 (every size of --budgets for the ladder, whose default is --axes=main):
-  mask      BERT at 20% and 50% masking, CrossBERT at 50% and 75%, all at the same FLOPs
+  mask      BERT at 20% and 50% masking, CrossBERT at 50%, 67% and 75% (a block 3 divides for 67%), all at the
+            same FLOPs
   cms       CrossBERT with and without complementary masking at equal unique tokens (equal steps):
             the "2x sample efficiency" claim: val loss, and input tokens to the same probe score, against unique tokens
   predictor CrossBERT's predictor depth, at the same FLOPs
@@ -110,8 +111,11 @@ def plan(p, axes, families=tuple(MODELS), seeds=1, budgets=None, lr_scales=()):
             if "mask" in axes:
                 runs.append((f"bert-{size}-mask0.5{sfx}", "mask",
                              run_settings(p, L, C, H, "bert", budget, mask_ratio=0.5, seed=seed)))
-                runs.append((f"crossbert-{size}-mask0.75{sfx}", "mask",
-                             run_settings(p, L, C, H, "crossbert", budget, mask_ratio=0.75, seed=seed)))
+                for ratio in (2 / 3, 0.75):  # the paper's ratios above the main run's 0.5: 3 and 4 complementary views
+                    views = round(1 / (1 - ratio))  # CMS's views need a block they divide: 128 -> 126 for three
+                    q = dict(p, block_size=p["block_size"] - p["block_size"] % views)
+                    runs.append((f"crossbert-{size}-mask{ratio:.3g}{sfx}", "mask",
+                                 run_settings(q, L, C, H, "crossbert", budget, mask_ratio=ratio, seed=seed)))
             if "predictor" in axes:
                 runs.append((f"crossbert-{size}-pred{max(2, L // 2)}{sfx}", "predictor",
                              run_settings(p, L, C, H, "crossbert", budget, pred_layer=max(2, L // 2), seed=seed)))

@@ -191,3 +191,25 @@ def test_cms_plot_per_shape(tmp_path):
     on = dict(r, axis="main", name="crossbert-2x128")
     assert report.plot_cms(plt, [on, r], tmp_path) == ["cms-2x128.png"]
     assert (tmp_path / "cms-2x128.png").stat().st_size > 20_000
+
+
+def test_the_ablations_against_their_main_run_and_the_twins():
+    def variant(axis, seed, lin, knn, **settings):
+        r = run("crossbert", (2, 128), seed, 1, 4.9, lin, knn)
+        return dict(r, axis=axis, name=r["name"] + "-" + axis, settings=dict(r["settings"], **settings))
+    twins = [dict(run("crossbert", (2, 128), k, 1, None, 58, 55), axis="random") for k in range(2)]
+    results = [run("crossbert", (2, 128), k, 1, 4.9, 60 + k, 50) for k in range(2)] + twins
+    results += [variant("mask", k, 63, 51 + k, mask_ratio=0.75) for k in range(2)]
+    results += [variant("mask", 0, 59, 52, mask_ratio=2 / 3, block_size=126), variant("predictor", 1, 62, 52, pred_layer=2)]
+    rows = {r[3]: r[4:] for r in rows_of(report.ablation_table(results), "| 1.20e+14")}
+    assert list(rows) == ["main: mask 0.5, 2 views, 1-block predictor", "mask 0.5, 2 views, 2-block predictor",
+                          "mask 0.667, 3 views, 1-block predictor", "mask 0.75, 4 views, 1-block predictor"]
+    main, deeper, two_thirds, three_quarters = rows.values()
+    # the main run: seeds 0 and 1, itself minus the twins (60 - 58, 61 - 58 linear; 50 - 55 kNN)
+    assert main == ["0, 1", "4.900 ± 0.000", "60.5 ± 0.7", "50.0 ± 0.0", "-", "-", "+2.5 [-3.9, +8.9]",
+                    "-5.0 [-5.0, -5.0] |"]
+    # 0.75 minus the main run paired by seed: 63 - 60, 63 - 61 linear; 51 - 50, 52 - 50 kNN
+    assert three_quarters[4:6] == ["+2.5 [-3.9, +8.9]", "+1.5 [-4.9, +7.9]"]
+    assert two_thirds[:1] + two_thirds[4:7] == ["0", "-1.0 (1 seed)", "+2.0 (1 seed)", "+1.0 (1 seed)"]
+    assert deeper[:1] + deeper[4:6] == ["1", "+1.0 (1 seed)", "+2.0 (1 seed)"]  # seed 1's main run: 61 linear
+    assert report.ablation_table([r for r in results if r["axis"] != "mask" and r["axis"] != "predictor"]) == ""

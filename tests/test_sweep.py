@@ -151,6 +151,18 @@ def test_the_ladder_ablates_at_the_rungs_asked_for_seed_by_seed():
     assert [n for n, _, _ in sweep.plan(p, ["main"], ("crossbert",), budgets={"1.2e14"})] == ["crossbert-2x128"]
 
 
+def test_the_mask_axis_runs_the_papers_ratios_at_blocks_their_views_divide():
+    p = runs.PRESETS["ladder"]
+    by = {n: s for n, a, s in sweep.plan(p, ["mask"], ("crossbert",), budgets={"1.2e14"}) if a == "mask"}
+    assert sorted(by) == ["bert-2x128-mask0.5", "crossbert-2x128-mask0.667", "crossbert-2x128-mask0.75"]
+    main = sweep.plan(p, ["main"], ("crossbert",), budgets={"1.2e14"})[0][2]
+    for name, views, block in (("crossbert-2x128-mask0.667", 3, 126), ("crossbert-2x128-mask0.75", 4, 128)):
+        s = by[name]
+        assert s["block_size"] == block and make_config(s).views[0] == views and s["max_flops"] == main["max_flops"]
+        assert s["total_batch_size"] % (block * s["batch_size"]) == 0   # whole rows of the shorter block
+        assert runs.steps_for(s)[0] * runs.steps_for(s)[1] <= s["max_flops"]
+
+
 def test_power_laws_follow_the_budget():
     p = dict(runs.PRESETS["cpu"], anchor=(1e13, 1e-3, 4096))
     small, big = (runs.run_settings(p, 2, 64, 2, "bert", f) for f in (1e13, 1e15))
