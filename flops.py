@@ -109,6 +109,12 @@ def param_counts(config, model_type):
 DESIGN_RATIOS = (0.5, 2 / 3, 0.75)  # the paper's mask ratios: CMS's 1 - 1/V for 2, 3 and 4 views
 
 
+def cms_block(block_size, mask_ratio):
+    """The longest block up to block_size that complementary masking at mask_ratio can split: its 1 / (1 - mask_ratio)
+    views need a block they divide (128 -> 126 for the three views of 0.667)."""
+    return block_size - block_size % round(1 / (1 - mask_ratio))
+
+
 def design(config):
     """The paper's throughput claim, counted: CrossBERT's encoder runs on the visible tokens only, so a higher mask
     ratio leaves it less work per token. For the shape of `config` (depth, width, block, vocabulary, block parts), one row per
@@ -121,7 +127,7 @@ def design(config):
     models = [("bert", None, False)] + [("bert", m, False) for m in DESIGN_RATIOS]
     models += [("crossbert", m, cms) for m in DESIGN_RATIOS for cms in (True, False)]
     for model_type, mask_ratio, cms in models:
-        T = config.block_size - (config.block_size % round(1 / (1 - mask_ratio)) if cms else 0)
+        T = cms_block(config.block_size, mask_ratio) if cms else config.block_size
         cfg = replace(config, model_type=model_type, mask_ratio=mask_ratio, cms=cms, block_size=T)
         bert = training_flops(replace(cfg, model_type="bert", mask_ratio=None, cms=False), "bert") / T
         per_token = training_flops(cfg, model_type) / T

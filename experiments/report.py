@@ -413,9 +413,9 @@ def ablation_table(results):
         return ""
     lines = ["| budget | shape | family | run | seeds | val loss | linear | kNN | − main run: linear | kNN | − twins: "
              "linear | kNN |", "|" + "---|" * 12]
+    diff = lambda xs: fmt(xs, True) if xs else "-"
     for (budget, shp, fam), variants in sorted(cells.items()):
         ref = [main[key] for key in sorted(main) if key[:3] == (budget, shp, fam)]
-        diff = lambda xs: fmt(xs, True) if xs else "-"
         for name, rs in ([(f"main: {variant_of(ref[0])}", ref)] if ref else []) + sorted(variants.items()):
             to_main = [diff([r["scores"][k] - main[budget, shp, fam, seed_of(r)]["scores"][k] for r in rs
                              if rs is not ref and (budget, shp, fam, seed_of(r)) in main]) for k, _ in PROBES]

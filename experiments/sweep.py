@@ -39,7 +39,7 @@ from configurator import configure
 from errors import UserError, at_least, check_device, check_writable, optional, user_errors
 from data.tasks import load_task, task_list
 from features import random_twin
-from flops import param_counts
+from flops import cms_block, param_counts
 from model import MODELS, make_config
 from report import plots, summarize, write_markdown
 from runs import (PRESETS, ROOT, RunFailed, read_families, run_record, run_settings, size_budget, steps_for, train,
@@ -112,8 +112,7 @@ def plan(p, axes, families=tuple(MODELS), seeds=1, budgets=None, lr_scales=()):
                 runs.append((f"bert-{size}-mask0.5{sfx}", "mask",
                              run_settings(p, L, C, H, "bert", budget, mask_ratio=0.5, seed=seed)))
                 for ratio in (2 / 3, 0.75):  # the paper's ratios above the main run's 0.5: 3 and 4 complementary views
-                    views = round(1 / (1 - ratio))  # CMS's views need a block they divide: 128 -> 126 for three
-                    q = dict(p, block_size=p["block_size"] - p["block_size"] % views)
+                    q = dict(p, block_size=cms_block(p["block_size"], ratio))  # 126 of 128 for three views
                     runs.append((f"crossbert-{size}-mask{ratio:.3g}{sfx}", "mask",
                                  run_settings(q, L, C, H, "crossbert", budget, mask_ratio=ratio, seed=seed)))
             if "predictor" in axes:
