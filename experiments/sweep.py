@@ -24,6 +24,7 @@ Axes besides the main BERT-vs-CrossBERT comparison (the paper's ablations), seed
   predictor CrossBERT's predictor depth, at the same FLOPs
   lr        each family at --lr_scales times the power law's learning rate, at every size and seed of the plan:
             each family's own optimum (docs/experiments.md); the law's own runs (x1) are the main axis
+An ablation varies the families of --families only (--families=crossbert: no BERT at 50%).
 """
 import json
 import os
@@ -108,9 +109,12 @@ def plan(p, axes, families=tuple(MODELS), seeds=1, budgets=None, lr_scales=()):
             if not ablate:
                 continue
             size = f"{L}x{C}{tag}"
-            if "mask" in axes:
+            if "mask" in axes and "bert" in families:
                 runs.append((f"bert-{size}-mask0.5{sfx}", "mask",
                              run_settings(p, L, C, H, "bert", budget, mask_ratio=0.5, seed=seed)))
+            if "crossbert" not in families:  # the other ablations vary CrossBERT
+                continue
+            if "mask" in axes:
                 for ratio in (2 / 3, 0.75):  # the paper's ratios above the main run's 0.5: 3 and 4 complementary views
                     q = dict(p, block_size=cms_block(p["block_size"], ratio))  # 126 of 128 for three views
                     runs.append((f"crossbert-{size}-mask{ratio:.3g}{sfx}", "mask",
