@@ -310,9 +310,11 @@ def main(argv):
             except RunFailed as e:  # what finished is on record, and a run cut short resumes from its checkpoint
                 sys.exit(f"sweep.py: {e}, then rerun the same command to continue the sweep")
             t1 = time.time()
-            law = run_settings(p, rs["n_layer"], rs["n_embd"], rs["n_head"], rs["model_type"], rs["max_flops"])
-            r, model = run_record(name, axis, rs, run_dir, s["device"],
-                                  lr_scale=round(rs["learning_rate"] / law["learning_rate"], 4))  # of the power law's
+            scale = {}  # the lr axis's multiple of the power law's learning rate at the run's budget
+            if axis == "lr":
+                law = run_settings(p, rs["n_layer"], rs["n_embd"], rs["n_head"], rs["model_type"], rs["max_flops"])
+                scale = dict(lr_scale=round(rs["learning_rate"] / law["learning_rate"], 4))
+            r, model = run_record(name, axis, rs, run_dir, s["device"], **scale)
             r.update(layered(model))
             if along:
                 every = list(range(model.config.n_layer + 1))

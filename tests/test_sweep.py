@@ -174,34 +174,52 @@ def test_power_laws_follow_the_budget():
     assert big["total_batch_size"] % p["block_size"] == 0
 
 
+CODE = {"commit": "0" * 40, "dirty": False}
+
+
+def fake_train(name, s, run_dir, nproc, compile):
+    """What train.py leaves in run_dir, without training: a checkpoint and its log."""
+    model = MODELS[s["model_type"]](make_config(s))
+    os.makedirs(run_dir)
+    save_checkpoint(os.path.join(run_dir, "ckpt.pt"), dict(model=model.state_dict(), model_type=s["model_type"],
+                    model_args=vars(model.config), step=3, tokens=384, flops=1e9, code=CODE))
+    with open(os.path.join(run_dir, "log.jsonl"), "w") as f:
+        f.write(json.dumps(dict(step=0, unigram_loss=4.8)) + "\n" + json.dumps(dict(step=3, val_loss=4.5)) + "\n")
+
+
+def fake_sweep(tmp_path, monkeypatch, *argv):
+    """sweep.main on a one-layer preset with fake_train, without matplotlib; its records."""
+    monkeypatch.setattr(sweep, "train", fake_train)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed
+    monkeypatch.setitem(runs.PRESETS, "tiny", dict(runs.PRESETS["cpu"], block_size=32, vocab_size=128,
+                                                   sizes=[(1, 32, 2)], flops=[2e9], anchor=(2e9, 1e-3, 128),
+                                                   probe_max_train=0, ablation_size=None))
+    out = tmp_path / "sw"
+    sweep.main(["--preset=tiny", f"--out_dir={out}", "--glue_dir=", "--glue_tasks=", "--sts=",
+                f"--tasks={tiny_tasks(tmp_path)}", "--random_seeds=1", "--device=cpu", *argv])
+    return out, [json.loads(x) for x in open(out / "results.jsonl")]
+
+
 def test_a_record_names_the_code_behind_it(tmp_path, monkeypatch, capsys):
     """A run's record carries its checkpoint's "code" (what trained it), a twin's the code that made it; and without
     matplotlib the sweep still runs and records, and says that it skips the plots."""
-    code = {"commit": "0" * 40, "dirty": False}
-
-    def train(name, s, run_dir, nproc, compile):  # what train.py leaves in run_dir: a checkpoint and its log
-        model = MODELS[s["model_type"]](make_config(s))
-        os.makedirs(run_dir)
-        save_checkpoint(os.path.join(run_dir, "ckpt.pt"), dict(model=model.state_dict(), model_type=s["model_type"],
-                        model_args=vars(model.config), step=3, tokens=384, flops=1e9, code=code))
-        with open(os.path.join(run_dir, "log.jsonl"), "w") as f:
-            f.write(json.dumps(dict(step=0, unigram_loss=4.8)) + "\n" + json.dumps(dict(step=3, val_loss=4.5)) + "\n")
-    monkeypatch.setattr(sweep, "train", train)
-    monkeypatch.setitem(runs.PRESETS, "tiny", dict(runs.PRESETS["cpu"], block_size=32, vocab_size=128,
-                                                   sizes=[(1, 32, 2)], flops=[2e9], anchor=(2e9, 1e-3, 128),
-                                                   probe_max_train=0))
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # not installed
-    out = tmp_path / "sw"
-    sweep.main(["--preset=tiny", f"--out_dir={out}", "--axes=main", "--families=bert", "--glue_dir=", "--glue_tasks=",
-                "--sts=", f"--tasks={tiny_tasks(tmp_path)}", "--random_seeds=1", "--device=cpu"])
-    run, twin = [json.loads(x) for x in open(out / "results.jsonl")]
+    out, (run, twin) = fake_sweep(tmp_path, monkeypatch, "--axes=main", "--families=bert")
     assert (run["name"], twin["name"]) == ("bert-1x32", "random-bert-1x32")
-    assert run["code"] == code and twin["code"] == code_version()
+    assert run["code"] == CODE and twin["code"] == code_version()
     assert "sweep: drawing the sweep's plots needs matplotlib, which is not installed: pip install matplotlib; " \
            "skipping them" in capsys.readouterr().err
     assert (out / "results.md").exists() and not list(out.glob("*.png"))
     older = [{k: v for k, v in r.items() if k != "code"} for r in (run, twin)]  # rows written before records had it
     assert report.summarize(older) == report.summarize([run, twin])
+
+
+def test_only_the_lr_axis_records_a_multiple_of_the_law(tmp_path, monkeypatch):
+    # CMS off trains by steps (no FLOP budget), so its learning rate has no law of its own to be a multiple of
+    _, rs = fake_sweep(tmp_path, monkeypatch, "--axes=cms,lr", "--families=crossbert", "--lr_scales=2")
+    by = {r["name"]: r for r in rs}
+    assert sorted(by) == ["crossbert-1x32", "crossbert-1x32-lr2", "crossbert-1x32-nocms", "random-crossbert-1x32"]
+    assert by["crossbert-1x32-lr2"]["lr_scale"] == 2 and by["crossbert-1x32-nocms"]["settings"]["max_flops"] == 0
+    assert not any("lr_scale" in r for n, r in by.items() if n != "crossbert-1x32-lr2")
 
 
 def test_plots_without_matplotlib_are_one_line(tmp_path, monkeypatch, capsys):
