@@ -349,37 +349,42 @@ def tokens_to_reach(points, target):
 
 
 def probe_points(r, key):
-    """[(input tokens, last-layer score `key`)] of a run along training: its snapshots (trajectory), then its end."""
+    """[(input tokens, last-layer score `key`)] of a run along training: its snapshots (trajectory), then its end.
+    key "val_loss": minus the val loss at every evaluation after the first step, so that higher is better here too."""
+    if key == "val_loss":
+        return [(x["tokens"], -x["val_loss"]) for x in r["log"] if x["tokens"]]
     along = [(p["tokens"], p["layers"][str(len(p["layers"]) - 1)][key]) for p in r.get("trajectory", [])]
     return along + [(r["tokens"], r["scores"][key])]
 
 
 def reach(runs_a, runs_b, key):
     """Input tokens two sets of runs (e.g. CMS on and off, or two families) need to reach a common score on probe
-    `key`, paired by seed: for each seed both have, the target is the lower of the two final scores, which both runs
+    `key` (or "val_loss", for runs whose losses compare), paired by seed: for each seed both have, the target is the lower of the two final scores, which both runs
     reach (the weaker at its end); each run's tokens to reach it along its snapshots and its end (tokens_to_reach);
     and their ratio a / b (below 1: a needs fewer tokens). Returns [(seed, target, tokens a, tokens b, ratio)] and
     the ratios' geometric mean with its 95% interval (stats.fmt_ratio), or "-" without a common seed."""
     a, b = ({seed_of(r): r for r in runs} for runs in (runs_a, runs_b))
     rows = []
     for k in sorted(set(a) & set(b)):
-        target = min(a[k]["scores"][key], b[k]["scores"][key])
-        ta, tb = (tokens_to_reach(probe_points(r, key), target) for r in (a[k], b[k]))
+        pa, pb = probe_points(a[k], key), probe_points(b[k], key)
+        target = min(pa[-1][1], pb[-1][1])
+        ta, tb = tokens_to_reach(pa, target), tokens_to_reach(pb, target)
         rows.append((k, target, ta, tb, ta / tb))
     return rows, fmt_ratio([row[4] for row in rows]) if rows else "-"
 
 
 def cms_table(results):
     """CrossBERT with complementary masking (the main runs) against one view without it (the cms axis), per shape
-    and probe: the input tokens each needs to reach a common score (reach(): the lower final score of each seed pair,
-    along the snapshots), their ratio on / off per seed and over seeds, and what the same points cost in training
-    FLOPs (the ratio times on's FLOPs per input token over off's: CMS runs twice the views)."""
+    and probe, and the val loss (both score the masked half of 50% views): the input tokens each needs to reach a
+    common score (reach(): the lower final score of each seed pair, along the snapshots or evaluations), their ratio
+    on / off per seed and over seeds, and what the same points cost in training FLOPs (the ratio times on's FLOPs per
+    input token over off's: CMS runs twice the views)."""
     rows = []
     for shape in sorted({shape_of(r) for r in results if r["axis"] == "cms"}, key=lambda x: [int(n) for n in x.split("x")]):
         off = [r for r in results if r["axis"] == "cms" and shape_of(r) == shape]
         on = [r for r in results if r["axis"] == "main" and r["model_type"] == "crossbert" and shape_of(r) == shape]
         per_token = {name: np.mean([r["flops"] / r["tokens"] for r in rs]) for name, rs in (("on", on), ("off", off))}
-        for key, probe in PROBES:
+        for key, probe in (*PROBES, ("val_loss", "val loss")):
             pairs, ratio = reach(on, off, key)
             if pairs:
                 seeds = ", ".join(f"{k}: {a / 1e6:.1f}M / {b / 1e6:.1f}M = {x:.2f}" for k, _, a, b, x in pairs)
@@ -452,8 +457,8 @@ def write_markdown(results, out_dir):
     cms = cms_table(results)
     if cms:
         extra += ("\n## Complementary masking: input tokens to the same score\n\nCrossBERT with CMS (two complementary "
-                  "views a row, every token a target once) against one 50% view, at equal steps and input tokens: below "
-                  "1x, CMS needs fewer input tokens (the paper's claim is 2x, i.e. 0.5x here), at the FLOPs in the last "
+                  "views a row, every token a target once) against one 50% view, at equal steps and input tokens, on the "
+                  "probes (last layer) and the val loss: below 1x, CMS needs fewer input tokens (the paper's claim is 2x, i.e. 0.5x here), at the FLOPs in the last "
                   "column.\n\n" + cms)
     ablations = ablation_table(results)
     if ablations:

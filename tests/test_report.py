@@ -150,19 +150,24 @@ def test_reach_pairs_seeds_at_the_lower_final_score():
 
 
 def test_cms_table_reads_tokens_to_reach_and_their_flops():
-    def run(axis, seed, scores, end, flops_per_token):
+    def run(axis, seed, scores, end, flops_per_token, losses):
         r = along("crossbert", seed, scores, end)
         for p in r["trajectory"]:
             p["layers"]["1"]["knn_avg"] = p["layers"]["1"]["linear_avg"]
-        return dict(r, axis=axis, shape="2x128", flops=16e6 * flops_per_token, scores=dict(linear_avg=end, knn_avg=end))
+        log = [dict(tokens=t, val_loss=x) for t, x in zip((0, 1e6, 4e6, 16e6), losses)]  # step 0's is left out
+        return dict(r, axis=axis, shape="2x128", flops=16e6 * flops_per_token, scores=dict(linear_avg=end, knn_avg=end),
+                    log=log)
     # CMS on reaches off's final 60 at its 4M snapshot (seed 0) and at 8M (seed 1): 0.25 and 0.5 of off's 16M tokens;
-    # each of its tokens costs 2x the FLOPs of off's, so the same point costs sqrt(0.125) x 2 of off's FLOPs
-    results = [run("main", 0, (50, 60), 62, 2.0), run("main", 1, (50, 58), 62, 2.0),
-               run("cms", 0, (50, 55), 60, 1.0), run("cms", 1, (50, 55), 60, 1.0)]
+    # each of its tokens costs 2x the FLOPs of off's, so the same point costs sqrt(0.125) x 2 of off's FLOPs. The val
+    # loss: off ends at 4.6, which on's reaches at 4M, at both seeds (its step 0, below everything, does not count)
+    on, off = (0.0, 5.0, 4.6, 4.4), (0.0, 5.0, 4.8, 4.6)
+    results = [run("main", 0, (50, 60), 62, 2.0, on), run("main", 1, (50, 58), 62, 2.0, on),
+               run("cms", 0, (50, 55), 60, 1.0, off), run("cms", 1, (50, 55), 60, 1.0, off)]
     table = report.cms_table(results)
     rows = [line for line in table.splitlines() if line.startswith("| 2x128")]
-    assert len(rows) == 2 and "0: 4.0M / 16.0M = 0.25, 1: 8.0M / 16.0M = 0.50" in rows[0] and "| linear |" in rows[0]
+    assert len(rows) == 3 and "0: 4.0M / 16.0M = 0.25, 1: 8.0M / 16.0M = 0.50" in rows[0] and "| linear |" in rows[0]
     assert rows[0].endswith(f"| {math.sqrt(0.125) * 2:.2f}x |") and "0.35x [" in rows[0]
+    assert "| val loss | 0: 4.0M / 16.0M = 0.25, 1: 4.0M / 16.0M = 0.25 |" in rows[2] and rows[2].endswith("| 0.50x |")
     assert report.cms_table([r for r in results if r["axis"] == "main"]) == ""  # no cms runs: no section
 
 
