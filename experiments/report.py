@@ -359,8 +359,9 @@ def probe_points(r, key):
 
 def reach(runs_a, runs_b, key):
     """Input tokens two sets of runs (e.g. CMS on and off, or two families) need to reach a common score on probe
-    `key` (or "val_loss", for runs whose losses compare), paired by seed: for each seed both have, the target is the lower of the two final scores, which both runs
-    reach (the weaker at its end); each run's tokens to reach it along its snapshots and its end (tokens_to_reach);
+    `key` (or "val_loss", for runs whose losses compare), paired by seed: for each seed both have, the target is the
+    lower of the two final scores, which both runs reach (the weaker at its end); each run's tokens to reach it along
+    its snapshots and its end (tokens_to_reach);
     and their ratio a / b (below 1: a needs fewer tokens). Returns [(seed, target, tokens a, tokens b, ratio)] and
     the ratios' geometric mean with its 95% interval (stats.fmt_ratio), or "-" without a common seed."""
     a, b = ({seed_of(r): r for r in runs} for runs in (runs_a, runs_b))
@@ -457,9 +458,9 @@ def write_markdown(results, out_dir):
     cms = cms_table(results)
     if cms:
         extra += ("\n## Complementary masking: input tokens to the same score\n\nCrossBERT with CMS (two complementary "
-                  "views a row, every token a target once) against one 50% view, at equal steps and input tokens, on the "
-                  "probes (last layer) and the val loss: below 1x, CMS needs fewer input tokens (the paper's claim is 2x, i.e. 0.5x here), at the FLOPs in the last "
-                  "column.\n\n" + cms)
+                  "views a row, every token a target once) against one 50% view, at equal steps and input tokens, on "
+                  "the probes (last layer) and the val loss: below 1x, CMS needs fewer input tokens (the paper's claim "
+                  "is 2x, i.e. 0.5x here), at the FLOPs in the last column.\n\n" + cms)
     ablations = ablation_table(results)
     if ablations:
         extra += ("\n## The mask ratio and the predictor's depth\n\nEach variant at its main run's FLOPs (val losses "
