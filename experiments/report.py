@@ -392,7 +392,7 @@ def cms_table(results):
                 flops = np.exp(np.mean(np.log([x for *_, x in pairs]))) * per_token["on"] / per_token["off"]
                 rows.append(f"| {shape} | {probe} | {seeds} | {ratio} | {flops:.2f}x |")
     return "\n".join(["| shape | probe | seed: tokens on / off = ratio (to each pair's lower final score) | on / off over "
-                      "seeds [95%] | FLOPs on / off to the same point |", "|" + "---|" * 5, *rows]) if rows else ""
+                      "seeds [95%] | FLOPs on / off to the same point |", "|" + "---|" * 5, *rows, ""]) if rows else ""
 
 
 def variant_of(r):
