@@ -184,7 +184,8 @@ def fake_train(name, s, run_dir, nproc, compile):
     save_checkpoint(os.path.join(run_dir, "ckpt.pt"), dict(model=model.state_dict(), model_type=s["model_type"],
                     model_args=vars(model.config), step=3, tokens=384, flops=1e9, code=CODE))
     with open(os.path.join(run_dir, "log.jsonl"), "w") as f:
-        f.write(json.dumps(dict(step=0, unigram_loss=4.8)) + "\n" + json.dumps(dict(step=3, val_loss=4.5)) + "\n")
+        for x in dict(step=0, unigram_loss=4.8), dict(step=3, val_loss=4.5, tokens=384, flops=1e9):
+            f.write(json.dumps(x) + "\n")
 
 
 def fake_sweep(tmp_path, monkeypatch, *argv):
