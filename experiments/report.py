@@ -476,14 +476,15 @@ def write_markdown(results, out_dir):
 
 
 def table(results):
+    """Every run, one row each; a dtype of "-": a random twin (untrained), or a record written before records kept it."""
     tasks = sorted({k.rsplit("/", 1)[0] for r in results for k in r["scores"] if "/" in k})
     glue = any("glue_linear_avg" in r["scores"] for r in results)
-    head = ["run", "axis", "params (M)", "train FLOPs", "steps", "input tokens", "val loss", "unigram",
+    head = ["run", "axis", "dtype", "params (M)", "train FLOPs", "steps", "input tokens", "val loss", "unigram",
             "linear avg", "kNN avg"] + ["GLUE linear", "GLUE kNN"] * glue + ["STS 0-shot"] + [f"{t} lin/kNN" for t in tasks]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         sc = r["scores"]
-        cells = [r["name"], r["axis"], f"{r['params'] / 1e6:.2f}", f"{r['flops']:.2e}" if r["flops"] else "0",
+        cells = [r["name"], r["axis"], r.get("dtype", "-"), f"{r['params'] / 1e6:.2f}", f"{r['flops']:.2e}" if r["flops"] else "0",
                  str(r["steps"]), f"{r['tokens']:,}", f"{r['val_loss']:.3f}" if r["val_loss"] else "-",
                  f"{r['unigram_loss']:.3f}" if r["unigram_loss"] else "-", f"{sc['linear_avg']:.1f}",
                  f"{sc['knn_avg']:.1f}"]

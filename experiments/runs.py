@@ -178,7 +178,8 @@ def train(name, s, run_dir, nproc, compile):
 
 def run_record(name, axis, rs, run_dir, device, **extra):
     """(record, model): a finished run's line of results.jsonl, without its probes, and its final model. The record
-    holds its settings, size, budget, val losses and the code that trained it (None before checkpoints said)."""
+    holds its settings, size, budget, val losses, the code that trained it (None before checkpoints said) and the
+    dtype it trained in (train.py picks the device's fastest: runs on two machines may differ)."""
     model, ckpt = load_checkpoint(os.path.join(run_dir, "ckpt.pt"), device)
     log = read_log(run_dir)
     vals = [x for x in log if "val_loss" in x]
@@ -187,7 +188,7 @@ def run_record(name, axis, rs, run_dir, device, **extra):
              shape=f"{rs['n_layer']}x{rs['n_embd']}", axis=axis, model_type=rs["model_type"], settings=rs,
              params=model.num_params(), flops=ckpt["flops"], tokens=ckpt["tokens"], steps=ckpt["step"],
              val_loss=vals[-1]["val_loss"], unigram_loss=next(x["unigram_loss"] for x in log if "unigram_loss" in x),
-             log=vals, code=ckpt.get("code"), **extra)
+             log=vals, code=ckpt.get("code"), dtype=ckpt["config"]["dtype"], **extra)
     return r, model
 
 

@@ -182,7 +182,8 @@ def fake_train(name, s, run_dir, nproc, compile):
     model = MODELS[s["model_type"]](make_config(s))
     os.makedirs(run_dir)
     save_checkpoint(os.path.join(run_dir, "ckpt.pt"), dict(model=model.state_dict(), model_type=s["model_type"],
-                    model_args=vars(model.config), step=3, tokens=384, flops=1e9, code=CODE))
+                    model_args=vars(model.config), config=dict(s, dtype="bfloat16"), step=3, tokens=384, flops=1e9,
+                    code=CODE))
     with open(os.path.join(run_dir, "log.jsonl"), "w") as f:
         for x in dict(step=0, unigram_loss=4.8), dict(step=3, val_loss=4.5, tokens=384, flops=1e9):
             f.write(json.dumps(x) + "\n")
@@ -202,14 +203,17 @@ def fake_sweep(tmp_path, monkeypatch, *argv):
 
 
 def test_a_record_names_the_code_behind_it(tmp_path, monkeypatch, capsys):
-    """A run's record carries its checkpoint's "code" (what trained it), a twin's the code that made it; and without
-    matplotlib the sweep still runs and records, and says that it skips the plots."""
+    """A run's record carries its checkpoint's "code" (what trained it) and dtype, a twin's the code that made it; and
+    without matplotlib the sweep still runs and records, and says that it skips the plots."""
     out, (run, twin) = fake_sweep(tmp_path, monkeypatch, "--axes=main", "--families=bert")
     assert (run["name"], twin["name"]) == ("bert-1x32", "random-bert-1x32")
     assert run["code"] == CODE and twin["code"] == code_version()
+    assert run["dtype"] == "bfloat16" and "dtype" not in twin  # a twin is not trained
     assert "sweep: drawing the sweep's plots needs matplotlib, which is not installed: pip install matplotlib; " \
            "skipping them" in capsys.readouterr().err
     assert (out / "results.md").exists() and not list(out.glob("*.png"))
+    rows = (out / "results.md").read_text().split("## Every run")[1]
+    assert "| bert-1x32 | main | bfloat16 |" in rows and "| random-bert-1x32 | random | - |" in rows
     older = [{k: v for k, v in r.items() if k != "code"} for r in (run, twin)]  # rows written before records had it
     assert report.summarize(older) == report.summarize([run, twin])
 
