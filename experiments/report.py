@@ -484,8 +484,9 @@ def table(results):
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         sc = r["scores"]
-        cells = [r["name"], r["axis"], r.get("dtype", "-"), f"{r['params'] / 1e6:.2f}", f"{r['flops']:.2e}" if r["flops"] else "0",
-                 str(r["steps"]), f"{r['tokens']:,}", f"{r['val_loss']:.3f}" if r["val_loss"] else "-",
+        cells = [r["name"], r["axis"], r.get("dtype", "-"), f"{r['params'] / 1e6:.2f}",
+                 f"{r['flops']:.2e}" if r["flops"] else "0", str(r["steps"]), f"{r['tokens']:,}",
+                 f"{r['val_loss']:.3f}" if r["val_loss"] else "-",
                  f"{r['unigram_loss']:.3f}" if r["unigram_loss"] else "-", f"{sc['linear_avg']:.1f}",
                  f"{sc['knn_avg']:.1f}"]
         cells += [f"{sc[k]:.1f}" if k in sc else "-" for k in ("glue_linear_avg", "glue_knn_avg")] * glue
