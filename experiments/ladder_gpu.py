@@ -4,13 +4,15 @@ repository and a small pack of data, and gives back a few files.
 
     python experiments/ladder_gpu.py --make_pack          # here, first: data/web and the devtasks into ladder-pack/
     python experiments/ladder_gpu.py --out=$OUT           # there: trains what fits in 8 minutes, writes $OUT
+    python experiments/ladder_gpu.py --out=$OUT --lr_scales=1,2   # each family at the law and at twice its rate
     python experiments/ladder_gpu.py --smoke --out=/tmp/l # the same path on the CPU at tiny sizes (a test)
     python experiments/ladder_gpu.py --dry_run            # the runs it would train, in order
 
 It trains the ladder runs (sweep.py's ladder preset: web text, block 128, the compact vocabulary, 20 training tokens
 per BERT parameter, its learning-rate and batch laws, snapshots for the probes along training) that are not yet in
---results: seed 0 of each family at each rung first, then seeds 1, 2, ..., and ELECTRA's seeds last. --parallel runs
-train at once (a small model leaves the GPU idle between its kernels), each with its share of the host's cores. The
+--results: seed 0 of each family at each rung first, then seeds 1, 2, ..., and ELECTRA's seeds last; with --lr_scales,
+each seed's runs at every multiplier of the law's learning rate (sweep.py's lr axis) before the next seed's. --parallel
+runs train at once (a small model leaves the GPU idle between its kernels), each with its share of the host's cores. The
 command times the runs' first steps and decides from them what fits: a run starts only if its estimate (its steps at
 its family's measured step time, the start-up and probes measured so far) ends before the deadline, and a run whose
 measured pace would miss it is stopped. Each finished run is probed here, on the GPU, as the sweep probes it (the
@@ -50,6 +52,9 @@ settings = dict(
     sizes="6x384",            # the rungs, n_layer x n_embd (heads of 64 channels)
     seeds=3,                  # training seeds per family and rung
     families="bert,crossbert,electra",  # seed 0 of each first, then seed 1, ...; ELECTRA's seeds after the others'
+    lr_scales="1",            # multipliers of the law's learning rate (and min_lr) each family trains at, each seed's
+                              # in this order: 1 = the ladder's main runs; others are the lr axis's runs (-lr<m> names),
+                              # e.g. 1,2 for the law and each family's own rate where the grid chose x2
     parallel=3,               # runs training at once on the one device
     results="experiments/results/ladder/results.jsonl",  # the runs on record, not trained again ("" = none)
     max_train=2000,           # training examples per task for the probes, as the sweep's
@@ -67,19 +72,20 @@ SMOKE = dict(minutes=6.0, sizes="1x64", seeds=2, parallel=2, results="", max_tra
 TINY_TOKENS_PER_PARAM = 0.05  # --smoke: a few dozen steps
 
 
-def queue(s, p, sizes, done):
-    """[(name, family, settings)] of the runs to train, in order: at each rung seed 0 of every family, then seed 1,
-    ...; ELECTRA after the other families' seeds. Runs named in `done` are skipped."""
+def queue(s, p, sizes, done, lr_scales=(1.0,)):
+    """[(name, family, settings, lr multiplier)] of the runs to train, in order: at each rung seed 0 of every family at
+    each multiplier, then seed 1, ...; ELECTRA after the other families' seeds. Runs named in `done` are skipped."""
     families = read_families(s["families"])
     runs = []
     for i, (L, C, H) in enumerate(sizes):
-        order = sorted(((k, f) for k in range(s["seeds"]) for f in families),
-                       key=lambda kf: (kf[1] == "electra", kf[0], families.index(kf[1])))
-        for k, fam in order:
-            name = f"{fam}-{L}x{C}" + (f"-s{k}" if k else "")
+        order = sorted(((k, m, f) for k in range(s["seeds"]) for m in lr_scales for f in families),
+                       key=lambda kmf: (kmf[2] == "electra", kmf[0], lr_scales.index(kmf[1]), families.index(kmf[2])))
+        for k, m, fam in order:
+            name = f"{fam}-{L}x{C}" + (f"-lr{m:g}" if m != 1 else "") + (f"-s{k}" if k else "")
             if name not in done:
                 rs = run_settings(p, L, C, H, fam, size_budget(p, i), seed=1337 + k)
-                runs.append((name, fam, rs))
+                rs.update(learning_rate=rs["learning_rate"] * m, min_lr=rs["min_lr"] * m)
+                runs.append((name, fam, rs, m))
     return runs
 
 
@@ -125,19 +131,24 @@ def flat(scores):
     return out
 
 
-def probe_run(name, rs, run_dir, s):
-    """The run's record and its twin's, probed at every layer (the sweep's format without GLUE and STS)."""
+def probe_run(name, rs, lr_scale, run_dir, s, twins):
+    """The run's record and its twin's, probed at every layer (the sweep's format without GLUE and STS). The twin
+    (the run's initial weights, shared by its seed's runs at every multiplier) is probed once: `twins` {name: record}
+    holds those on record or probed already, and gets this one."""
     t0 = time.time()
     every = list(range(rs["n_layer"] + 1))
     layered = lambda m: {str(k): flat(v) for k, v in probe_model(m, s["task_data"], 64, every).items()}
-    r, model = run_record(name, "main", rs, run_dir, s["device"], lr_scale=1.0)
+    r, model = run_record(name, "main" if lr_scale == 1 else "lr", rs, run_dir, s["device"], lr_scale=lr_scale)
     r["layers"] = layered(model)
     r["scores"] = r["layers"][str(rs["n_layer"])]
     r["trajectory"] = trajectory(run_dir, s["device"], layered)
     twin = twin_record(rs, r["seed"], model)
-    twin["layers"] = layered(random_twin(model, rs["seed"]))
-    twin["scores"] = twin["layers"][str(rs["n_layer"])]
-    return r, twin, time.time() - t0
+    new = twin["name"] not in twins
+    if new:
+        twin["layers"] = layered(random_twin(model, rs["seed"]))
+        twin["scores"] = twin["layers"][str(rs["n_layer"])]
+        twins[twin["name"]] = twin
+    return r, twins[twin["name"]], new, time.time() - t0
 
 
 def pace(log):
@@ -179,18 +190,25 @@ def main(argv):
     if any(C % 64 for _, C, _ in sizes):
         raise UserError(f"--sizes={s['sizes']}: widths must be multiples of 64 (heads of 64 channels)")
     read_families(s["families"])
+    try:
+        lr_scales = [float(m) for m in s["lr_scales"].split(",")]
+    except ValueError:
+        lr_scales = []
+    if not lr_scales or any(m <= 0 for m in lr_scales):
+        raise UserError(f"--lr_scales={s['lr_scales']}: expected comma-separated positive multipliers, e.g. "
+                        "--lr_scales=1,2")
     check_device(s["device"])
-    done = set()
+    on_record = {}
     if s["results"]:
         with open(s["results"]) as f:
-            done = {json.loads(line)["name"] for line in f}
+            on_record = {r["name"]: r for r in map(json.loads, f)}
     data_dir = os.path.abspath(os.path.join(s["work_dir"], "data"))
     p = dict(PRESETS["ladder"], sizes=sizes, flops=[0] * len(sizes), dataset=data_dir, micro_batch=s["micro_batch"])
     if s["smoke"]:
         p["tokens_per_param"] = TINY_TOKENS_PER_PARAM
-    todo = queue(s, p, sizes, done)
+    todo = queue(s, p, sizes, on_record, lr_scales)
     if s["dry_run"]:
-        for run, fam, rs in todo:
+        for run, fam, rs, _ in todo:
             steps, per_step = steps_for(rs)
             print(f"{run:22s} {steps:6d} steps x {rs['total_batch_size']:6d} tokens ({rs['total_batch_size'] // 128} "
                   f"rows) = {steps * rs['total_batch_size'] / 1e6:.0f}M input tokens, {steps * per_step:.2e} FLOPs, "
@@ -215,13 +233,14 @@ def main(argv):
     report = Report(os.path.join(s["out"], "report.md"), (
         f"# The ladder on {name}\n\n{time.strftime('%Y-%m-%d')}, torch {torch.__version__}; `python "
         f"experiments/ladder_gpu.py {' '.join(argv)}`: {s['minutes']:g} minutes, {s['parallel']} runs at once "
-        f"({threads} host threads each). Planned, in order: {', '.join(n for n, _, _ in todo) or 'nothing'}."
+        f"({threads} host threads each). Planned, in order: {', '.join(n for n, *_ in todo) or 'nothing'}."
         + ("\n\n**Smoke run**: tiny rungs on the built-in corpus; it checks the path and measures nothing."
            if s["smoke"] else "")))
     report.add("setup (pack unpacked and checked, tasks tokenized)", time.time() - t_start, None)
     extra = dict(eval_interval=p["eval_interval"], snapshots=p["snapshots"], checkpoint_evals=False,
                  device=s["device"], overwrite=True)
-    started, running = {}, {}  # run -> {fam, rs, dir, proc, t0}: every run started, and those still training
+    started, running = {}, {}  # run -> {fam, rs, lr_scale, dir, proc, t0}: every run started, and those still training
+    twins = {n: r for n, r in on_record.items() if r.get("axis") == "random"}  # probed once per family, shape and seed
     measured = dict(start_s=[], probe_s=[])  # of the finished runs: seconds outside their steps, and probing them
     results_path = os.path.join(s["out"], "results.jsonl")
 
@@ -250,12 +269,12 @@ def main(argv):
                 note(run, f"failed (exit {r['proc'].returncode}); its train.log is in logs.txt")
                 continue
             train_s = time.time() - r["t0"]
-            record, twin, probe_s = probe_run(run, r["rs"], r["dir"], s)
+            record, twin, new_twin, probe_s = probe_run(run, r["rs"], r["lr_scale"], r["dir"], s, twins)
             measured["start_s"].append(train_s - record["steps"] * (progress(r["dir"]) or (0,))[0])
             measured["probe_s"].append(probe_s)
             record.update(train_s=round(train_s, 1), probe_s=round(probe_s, 1))
             with open(results_path, "a") as f:
-                f.write(json.dumps(record) + "\n" + json.dumps(twin) + "\n")
+                f.write(json.dumps(record) + "\n" + (json.dumps(twin) + "\n" if new_twin else ""))
             ms, mfu = pace(read_log(r["dir"]))
             note(run, f"{record['steps']} steps in {train_s:.0f} s ({ms} ms a step, MFU {mfu}%, {len(running) + 1} "
                       f"runs training), val loss {record['val_loss']:.3f} (unigram {record['unigram_loss']:.3f}); "
@@ -277,7 +296,7 @@ def main(argv):
                       f"past the {deadline - t_start:.0f} s deadline")
         # the next runs start while their estimates fit; the first ones start before anything is measured
         while todo and len(running) < s["parallel"]:
-            run, fam, rs = todo.pop(0)
+            run, fam, rs, lr_scale = todo.pop(0)
             t = rate(fam, rs)
             if t is not None:
                 finish = finish_times(now, {**ends, run: now + start_s + steps_for(rs)[0] * t}, probe_s)[run]
@@ -287,7 +306,7 @@ def main(argv):
                               f"{finish - t_start:.0f} s, past the {deadline - t_start:.0f} s deadline")
                     continue
             run_dir = os.path.join(s["work_dir"], run)
-            started[run] = running[run] = dict(fam=fam, rs=rs, dir=run_dir, t0=time.time(),
+            started[run] = running[run] = dict(fam=fam, rs=rs, lr_scale=lr_scale, dir=run_dir, t0=time.time(),
                                                proc=start({**rs, **extra}, run_dir, 1, s["compile"], threads))
             print(f"ladder_gpu: started {run} at {time.time() - t_start:.0f} s", flush=True)
         time.sleep(0.5 if running else 0)

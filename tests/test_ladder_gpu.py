@@ -22,14 +22,22 @@ def test_the_plan_is_seed_0_of_each_family_first_and_electra_last():
     from runs import PRESETS
     p = dict(PRESETS["ladder"], sizes=[(6, 384, 6)], flops=[0])
     s = dict(families="bert,crossbert,electra", seeds=3)
-    names = [n for n, _, _ in queue(s, p, p["sizes"], done={"bert-6x384-s1"})]
+    names = [n for n, *_ in queue(s, p, p["sizes"], done={"bert-6x384-s1"})]
     assert names == ["bert-6x384", "crossbert-6x384", "crossbert-6x384-s1", "bert-6x384-s2", "crossbert-6x384-s2",
                      "electra-6x384", "electra-6x384-s1", "electra-6x384-s2"]
-    runs = {n: rs for n, _, rs in queue(s, p, p["sizes"], done=set())}
+    runs = {n: rs for n, _, rs, _ in queue(s, p, p["sizes"], done=set())}
     # the ladder's recipe: 20 tokens per BERT parameter (13.9M parameters), FLOP-matched families, seeds 1337 + k
     bert, cross = runs["bert-6x384"], runs["crossbert-6x384-s2"]
     assert bert["max_flops"] == cross["max_flops"] == pytest.approx(1.98e16, rel=0.01)
     assert (bert["seed"], cross["seed"]) == (1337, 1339) and bert["learning_rate"] == cross["learning_rate"]
+    # at several multipliers of the law: each seed's runs at every one (the lr axis's names) before the next seed's
+    s = dict(s, families="bert,crossbert", seeds=2)
+    runs = queue(s, p, p["sizes"], done={"crossbert-6x384-lr2"}, lr_scales=[1.0, 2.0])
+    assert [(n, m) for n, _, _, m in runs] == [
+        ("bert-6x384", 1.0), ("crossbert-6x384", 1.0), ("bert-6x384-lr2", 2.0), ("bert-6x384-s1", 1.0),
+        ("crossbert-6x384-s1", 1.0), ("bert-6x384-lr2-s1", 2.0), ("crossbert-6x384-lr2-s1", 2.0)]
+    law, twice = runs[0][2], runs[2][2]
+    assert twice == dict(law, learning_rate=2 * law["learning_rate"], min_lr=2 * law["min_lr"])
 
 
 def test_probes_queue_behind_each_other():
@@ -103,7 +111,8 @@ def test_packed_tasks_are_the_tasks_the_probes_read(tmp_path):
 def test_smoke_trains_probes_and_records_in_the_ladders_format(tmp_path):
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, "experiments/ladder_gpu.py", "--smoke", f"--tasks={tiny_tasks(tmp_path)}",
-                           f"--out={out}", f"--work_dir={tmp_path / 'work'}", "--device=cpu"],
+                           f"--out={out}", f"--work_dir={tmp_path / 'work'}", "--device=cpu", "--seeds=1",
+                           "--lr_scales=1,2"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stdout + done.stderr
@@ -123,6 +132,12 @@ def test_smoke_trains_probes_and_records_in_the_ladders_format(tmp_path):
         assert [p["step"] for p in r["trajectory"]] == [max(1, round(r["steps"] / 2 ** k)) for k in (5, 4, 3, 2, 1)]
         assert r["code"] and r["val_loss"] > 0
     assert "==> bert-1x64/train.log <==" in (out / "logs.txt").read_text()
+    # BERT at twice the law's rate: an lr-axis record, beside the same twin, which is recorded once
+    twice = next(r for r in records if r["name"] == "bert-1x64-lr2")
+    assert (twice["axis"], twice["cell"], twice["lr_scale"], bert["lr_scale"]) == ("lr", "bert-1x64-lr2", 2.0, 1.0)
+    assert twice["settings"] == dict(bert["settings"], learning_rate=2 * bert["settings"]["learning_rate"],
+                                     min_lr=2 * bert["settings"]["min_lr"])
+    assert names.count("random-bert-1x64") == 1
 
 
 @pytest.mark.parametrize("args,message", [
@@ -131,6 +146,8 @@ def test_smoke_trains_probes_and_records_in_the_ladders_format(tmp_path):
     (["--sizes=2x100"], "--sizes=2x100: widths must be multiples of 64"),
     (["--families=bert,roberta"], "--families: unknown roberta"),
     (["--out="], "--out is needed"),
+    (["--lr_scales=1,x2"], "--lr_scales=1,x2: expected comma-separated positive multipliers"),
+    (["--lr_scales=0"], "--lr_scales=0: expected comma-separated positive multipliers"),
 ])
 def test_bad_input_is_one_line(args, message, tmp_path, monkeypatch, capsys):
     assert message in script_error(monkeypatch, capsys, "experiments/ladder_gpu.py", "--smoke", "--device=cpu",
