@@ -219,6 +219,20 @@ def choose(grid, value, best):
     return best(grid, key=lambda m: np.mean([value(grid[m][k]) for k in common])) if common else None
 
 
+def smoothed_optimum(grid):
+    """The multiplier at the vertex of the parabola in log2(multiplier) through grid's lowest mean val loss (over the
+    seeds every multiplier has) and its two neighbours: an optimum between the grid's points, as a smoothed loss
+    picks it; None where the lowest is at the grid's edge (the grid does not bracket it) or the seeds share none."""
+    common = set.intersection(*(set(runs) for runs in grid.values()))
+    ms = sorted(grid)
+    loss = [np.mean([grid[m][k]["val_loss"] for k in common]) for m in ms] if common else []
+    i = int(np.argmin(loss)) if loss else 0
+    if not 0 < i < len(ms) - 1:
+        return None
+    a, b, _ = np.polyfit(np.log2(ms[i - 1:i + 2]), loss[i - 1:i + 2], 2)
+    return float(2 ** (-b / (2 * a))) if a > 0 else None
+
+
 def lr_laws(chosen):
     """Each family's learning-rate law from its chosen multipliers of the shared law, {(budget, shape, family):
     multiplier or None}: {family: (its picks {budget: multiplier}, F0, m0, d)}, the multiplier m(F) = m0 * (F / F0)**d
@@ -266,10 +280,13 @@ def own_lr(results):
     lines += ["", "Each family's own law, from its choices: the multiplier of the shared law as m(F) = m0 x (F / F0)^d, "
               "least squares in log-log over the budgets with a grid (d = 0 from one budget: a constant multiple), and "
               "what it gives at every budget the family has main runs at; a budget without a grid gets the lr axis's "
-              "command that trains it there.", "",
-              "| family | chosen (budget: multiplier) | m0 at F0 | d | at each budget: multiplier (command where "
-              "untried) |", "|" + "---|" * 5]
+              "command that trains it there. Beside the choices, a sensitivity: the smoothed optimum, the vertex of "
+              "the parabola in log2 of the multiplier through the lowest mean val loss and its two neighbours (- where "
+              "the lowest is at the grid's edge).", "",
+              "| family | chosen (budget: multiplier) | smoothed optimum | m0 at F0 | d | at each budget: multiplier "
+              "(command where untried) |", "|" + "---|" * 6]
     for fam, (picks, F0, m0, d) in sorted(lr_laws(chosen).items()):
+        vertices = [(budget, smoothed_optimum(g)) for (budget, _, f), g in sorted(grids.items()) if f == fam]
         rungs = sorted({(r["settings"]["max_flops"], shape_of(r)) for r in results
                         if r["axis"] == "main" and r["model_type"] == fam})
         at = []
@@ -278,7 +295,8 @@ def own_lr(results):
             untried = (budget, shp, fam) not in grids and m != 1
             at.append(f"{shp} x{m:g}" + (f" (`--axes=lr --budgets={budget:.2g} --families={fam} --lr_scales={m:g}`)"
                                           .replace("e+", "e") if untried else ""))
-        lines.append(f"| {fam} | {', '.join(f'{b:.2e}: x{m:g}' for b, m in sorted(picks.items()))} | {m0:.3g} at "
+        lines.append(f"| {fam} | {', '.join(f'{b:.2e}: x{m:g}' for b, m in sorted(picks.items()))} | "
+                     f"{', '.join(f'{b:.2e}: ' + (f'x{v:.2g}' if v else '-') for b, v in vertices)} | {m0:.3g} at "
                      f"{F0:.2e} | {d:+.3f} | {'; '.join(at)} |")
     lines += ["", "Each family minus its baseline at equal FLOPs, paired by seed, [95% interval]: at the power law's "
               "learning rate (x1) and at each family's chosen multiplier.", "",

@@ -96,6 +96,21 @@ def test_each_familys_law_is_fitted_to_its_choices_and_gives_the_untried_rungs_c
     assert "2x128 x2; " in row and row.endswith("; 4x256 x1 |")  # rungs with a grid: their choice, no command
 
 
+def test_the_smoothed_optimum_is_the_vertex_through_the_lowest_point_and_its_neighbours():
+    # a loss quadratic in log2 of the multiplier with its minimum at x1.5: the vertex recovers it from x1, x2, x4
+    # (x0.5, far from it, is left out), whichever of them is lowest
+    loss = lambda m: 4.0 + 0.1 * (math.log2(m) - math.log2(1.5)) ** 2
+    g = {m: {0: dict(val_loss=loss(m)), 1: dict(val_loss=loss(m) + 0.3)} for m in (1, 2, 4)}
+    assert report.smoothed_optimum({**g, 0.5: {0: dict(val_loss=3.0)}}) is None  # lowest at the edge
+    assert report.smoothed_optimum({**g, 0.5: {0: dict(val_loss=9.0)}}) == pytest.approx(1.5)
+    assert report.smoothed_optimum({m: {1: r[1]} for m, r in g.items()}) == pytest.approx(1.5)  # seed 1: +0.3 each
+    assert report.smoothed_optimum({m: g[m] for m in (1, 2)}) is None  # x2 lowest, at the edge
+    # the table: BERT 2 x 128 at seed 0, x0.5 3.9, x1 3.8, x2 4.5: the vertex at log2 m = -0.375; its other grid and
+    # CrossBERT's are lowest at an edge
+    row = next(line for line in report.own_lr(grid()).splitlines() if line.startswith("| bert | "))
+    assert row.split(" | ")[2] == f"1.20e+14: x{2 ** -0.375:.2g}, 2.40e+15: -"
+
+
 def test_the_lr_section_needs_runs_of_the_lr_axis(tmp_path):
     main = [r for r in grid() if r["axis"] == "main"]
     assert report.own_lr(main) == ""
