@@ -39,8 +39,8 @@ from data.pack import pack_corpus, pack_tasks, unpack_corpus, unpack_tasks
 from errors import UserError, check_device, check_writable, user_errors
 from features import random_twin
 from report import Report
-from runs import (PRESETS, ROOT, prepare_dataset, probe_model, read_families, read_log, run_record, run_settings,
-                  size_budget, start, steps_for, tokenized_tasks, trajectory, twin_record)
+from runs import (PRESETS, ROOT, prepare_dataset, probe_model, read_families, read_log, read_lr_scales, run_record,
+                  run_settings, size_budget, start, steps_for, tokenized_tasks, trajectory, twin_record)
 
 settings = dict(
     out="",                   # the folder of what comes back (needed): results.jsonl, report.md/.json, logs.txt
@@ -190,13 +190,7 @@ def main(argv):
     if any(C % 64 for _, C, _ in sizes):
         raise UserError(f"--sizes={s['sizes']}: widths must be multiples of 64 (heads of 64 channels)")
     read_families(s["families"])
-    try:
-        lr_scales = [float(m) for m in s["lr_scales"].split(",")]
-    except ValueError:
-        lr_scales = []
-    if not lr_scales or any(m <= 0 for m in lr_scales):
-        raise UserError(f"--lr_scales={s['lr_scales']}: expected comma-separated positive multipliers, e.g. "
-                        "--lr_scales=1,2")
+    lr_scales = read_lr_scales(s["lr_scales"], "1,2")
     check_device(s["device"])
     on_record = {}
     if s["results"]:

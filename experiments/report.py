@@ -211,21 +211,27 @@ def lr_scale_of(r):
     return r.get("lr_scale", 1.0)
 
 
-def choose(grid, value, best):
-    """The multiplier of grid ({multiplier: {seed: record}}) whose mean value(record) is best (best: min or max) over
-    the seeds every multiplier has, so that a one-seed grid beside three seeds of x1 compares seed 0 alone; None when
-    the multipliers share no seed."""
+def grid_means(grid, value):
+    """{multiplier: mean value(record)} of grid ({multiplier: {seed: record}}) over the seeds every multiplier has, so
+    that a one-seed grid beside three seeds of x1 compares seed 0 alone; {} when the multipliers share no seed."""
     common = set.intersection(*(set(runs) for runs in grid.values()))
-    return best(grid, key=lambda m: np.mean([value(grid[m][k]) for k in common])) if common else None
+    return {m: np.mean([value(runs[k]) for k in common]) for m, runs in grid.items()} if common else {}
+
+
+def choose(grid, value, best):
+    """The multiplier of grid whose mean value(record) over the common seeds (grid_means) is best (best: min or max);
+    None when the multipliers share no seed."""
+    means = grid_means(grid, value)
+    return best(means, key=means.get) if means else None
 
 
 def smoothed_optimum(grid):
     """The multiplier at the vertex of the parabola in log2(multiplier) through grid's lowest mean val loss (over the
     seeds every multiplier has) and its two neighbours: an optimum between the grid's points, as a smoothed loss
     picks it; None where the lowest is at the grid's edge (the grid does not bracket it) or the seeds share none."""
-    common = set.intersection(*(set(runs) for runs in grid.values()))
-    ms = sorted(grid)
-    loss = [np.mean([grid[m][k]["val_loss"] for k in common]) for m in ms] if common else []
+    means = grid_means(grid, lambda r: r["val_loss"])
+    ms = sorted(means)
+    loss = [means[m] for m in ms]
     i = int(np.argmin(loss)) if loss else 0
     if not 0 < i < len(ms) - 1:
         return None

@@ -104,6 +104,19 @@ def read_families(spec):
     return families
 
 
+def read_lr_scales(spec, example):
+    """The multipliers of --lr_scales (comma-separated, each above 0); anything else, "" included, is a UserError that
+    shows `example`."""
+    try:
+        scales = [float(m) for m in spec.split(",")]
+    except ValueError:
+        scales = []
+    if not scales or any(m <= 0 for m in scales):
+        raise UserError(f"--lr_scales={spec}: expected comma-separated positive multipliers, e.g. "
+                        f"--lr_scales={example}")
+    return scales
+
+
 def split_batch(tokens, block_size, nproc, cap):
     """(total_batch_size, micro-batch rows): whole rows near `tokens`, split evenly over the processes, each
     process's rows cut into the fewest equal micro-steps of at most `cap` rows. Rows are rounded to make the

@@ -43,8 +43,8 @@ from features import random_twin
 from flops import cms_block, param_counts
 from model import MODELS, make_config
 from report import plots, summarize, write_markdown
-from runs import (PRESETS, ROOT, RunFailed, read_families, run_record, run_settings, size_budget, steps_for, train,
-                  trajectory, twin_record)
+from runs import (PRESETS, ROOT, RunFailed, read_families, read_lr_scales, run_record, run_settings, size_budget,
+                  steps_for, train, trajectory, twin_record)
 
 settings = dict(
     preset="cpu",             # cpu, cpu-gutenberg, ladder or gpu: sizes, budgets, corpus, hardware (runs.py's PRESETS)
@@ -184,13 +184,7 @@ def read_plan(argv):
     if unknown:  # an axis spelled wrong would leave it out of the plan, silently
         raise UserError(f"--axes: unknown {', '.join(unknown)}; expected a comma-separated subset of "
                         "main,mask,cms,predictor,lr")
-    try:
-        lr_scales = [float(m) for m in s["lr_scales"].split(",")] if s["lr_scales"] else []
-    except ValueError:
-        lr_scales = None
-    if lr_scales is None or any(m <= 0 for m in lr_scales):
-        raise UserError(f"--lr_scales={s['lr_scales']}: expected comma-separated positive multipliers, e.g. "
-                        "--lr_scales=0.5,2")
+    lr_scales = read_lr_scales(s["lr_scales"], "0.5,2") if s["lr_scales"] else []
     budgets = None
     if s["budgets"]:
         everything = [short(size_budget(p, i)) for i in range(len(p["sizes"]))]
