@@ -562,8 +562,9 @@ def plots(results, out_dir):
     written += plot_along(plt, results, colors, out_dir)
 
     fig, ax = plt.subplots(figsize=(6, 4.2))
-    budgets = sorted({r["settings"]["max_flops"] for r in main})
-    for r in main:  # colour: the family; line style: the size
+    trained = main or [r for r in results if r["axis"] != "random"]  # a sweep of one other axis (lr, mask): its runs
+    budgets = sorted({r["settings"]["max_flops"] for r in trained})
+    for r in trained:  # colour: the family; line style: the size
         curve = [(x["flops"], x["val_loss"]) for x in r["log"] if "val_loss" in x and x["flops"]]
         style = ("-", "--", "-.", ":")[(len(budgets) - 1 - budgets.index(r["settings"]["max_flops"])) % 4]
         ax.plot(*zip(*curve), style, color=colors[r["model_type"]], alpha=0.8, label=r["name"])

@@ -107,6 +107,19 @@ def test_plots_on_the_size_axis(tmp_path):
         make_config(dict(results[0]["settings"], model_type="bert")), "bert")[0]
 
 
+def test_a_sweep_of_the_lr_axis_alone_draws_its_runs_val_loss(tmp_path):
+    pytest.importorskip("matplotlib")
+    runs_ = [dict(name=f"bert-2x128-lr{m:g}", axis="lr", lr_scale=m, seed=0, shape="2x128", model_type="bert",
+                  flops=1e14, settings=dict(max_flops=1e14, n_layer=2, n_embd=128, n_head=2, block_size=128,
+                                            vocab_size=8192),
+                  val_loss=4.2, unigram_loss=6.4, scores=dict(linear_avg=58.0, knn_avg=53.0),
+                  log=[dict(flops=f, val_loss=6.0 - f / 1e14) for f in (2.5e13, 5e13, 1e14)]) for m in (0.5, 2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib warns when a legend has no lines to label
+        written = report.plots(runs_, tmp_path)
+    assert "val_loss_vs_flops.png" in written and (tmp_path / "val_loss_vs_flops.png").stat().st_size > 10_000
+
+
 def test_budgets_select_a_subset_of_the_plan(monkeypatch, capsys):
     p = runs.PRESETS["cpu-gutenberg"]
     everything = sweep.plan(p, ["main"], seeds=3)
