@@ -303,7 +303,7 @@ def own_lr(results):
                                           .replace("e+", "e") if untried else ""))
         lines.append(f"| {fam} | {', '.join(f'{b:.2e}: x{m:g}' for b, m in sorted(picks.items()))} | "
                      f"{', '.join(f'{b:.2e}: ' + (f'x{v:.2g}' if v else '-') for b, v in vertices)} | {m0:.3g} at "
-                     f"{F0:.2e} | {d:+.3f} | {'; '.join(at)} |")
+                     f"{F0:.2e} | {round(d, 3) + 0:+.3f} | {'; '.join(at)} |")  # + 0: no "-0.000" from the fit's rounding
     lines += ["", "Each family minus its baseline at equal FLOPs, paired by seed, [95% interval]: at the power law's "
               "learning rate (x1) and at each family's chosen multiplier.", "",
               "| budget | shape | comparison | learning rates | multipliers | pairs | linear | kNN | verdict (linear / "

@@ -94,6 +94,10 @@ def test_each_familys_law_is_fitted_to_its_choices_and_gives_the_untried_rungs_c
     row = next(line for line in md.splitlines() if line.startswith("| crossbert | 1.20e+14: x2, 2.40e+15: x1 |"))
     assert f"3x192 x{cross:.2g} (`--axes=lr --budgets=6.4e14 --families=crossbert --lr_scales={cross:.2g}`)" in row
     assert "2x128 x2; " in row and row.endswith("; 4x256 x1 |")  # rungs with a grid: their choice, no command
+    # x2 at two budgets: a slope of 0 shown as +0.000, though the fit's is a rounding error away from 0
+    same = [run("bert", shape, 0, m, 4.0 - (m == 2) / 10, 60, 50) for shape in ((2, 128), (3, 192)) for m in (1, 2)]
+    bert = next(line for line in report.own_lr(same).splitlines() if line.startswith("| bert | "))
+    assert "| 2 at 1.20e+14 | +0.000 |" in bert
 
 
 def test_the_smoothed_optimum_is_the_vertex_through_the_lowest_point_and_its_neighbours():
