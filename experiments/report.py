@@ -256,6 +256,17 @@ def lr_laws(chosen):
     return laws
 
 
+def lr_grids(results):
+    """{(budget, shape, family): {multiplier: {seed: record}}} of the main and lr axes, for the families the lr axis
+    ran at that budget and shape (the main runs are its x1)."""
+    grids = {}
+    for r in results:
+        if r["axis"] in ("main", "lr"):
+            key = (r["settings"]["max_flops"], shape_of(r), r["model_type"])
+            grids.setdefault(key, {}).setdefault(lr_scale_of(r), {})[seed_of(r)] = r
+    return {key: g for key, g in grids.items() if len(g) > 1 or 1.0 not in g}
+
+
 def own_lr(results):
     """Each family at its own learning rate, as markdown; "" without runs of the lr axis. The fixed rule: each family
     takes, at each budget and shape, the multiplier of the power law's learning rate with the lowest mean val loss of
@@ -263,12 +274,7 @@ def own_lr(results):
     rule is shown beside it, a sensitivity, not the choice. Then each family minus its baseline at equal FLOPs, paired
     by seed, at the law's learning rate (x1: the main axis, every seed) and at the chosen ones, and the trend of
     those differences per doubling of parameters (BERT's at each shape, the sizes' axis) both ways."""
-    grids = {}  # (budget, shape, family) -> {multiplier: {seed: record}}
-    for r in results:
-        if r["axis"] in ("main", "lr"):
-            key = (r["settings"]["max_flops"], shape_of(r), r["model_type"])
-            grids.setdefault(key, {}).setdefault(lr_scale_of(r), {})[seed_of(r)] = r
-    grids = {key: g for key, g in grids.items() if len(g) > 1 or 1.0 not in g}  # the families the lr axis ran
+    grids = lr_grids(results)
     if not grids:
         return ""
     lines = ["| budget | shape | family | lr multiplier | seeds | val loss | linear | kNN | chosen (val loss) | "
@@ -530,7 +536,7 @@ def plots(results, out_dir):
     main = [r for r in results if r["axis"] == "main"]
     written = []
 
-    fig, axs = plt.subplots(1, 3, figsize=(15, 4.2))
+    fig, axs = plt.subplots(1, 3, figsize=(15, 4.2))  # drawn only with main runs: an lr-only sweep has lr-<shape>.png
     for ax, key, title in zip(axs, ("linear_avg", "knn_avg", "sts_zero_shot"),
                               ("linear probe, primary average", "kNN probe, primary average",
                                "zero-shot STS (Spearman)")):
@@ -554,8 +560,9 @@ def plots(results, out_dir):
         if ax.has_data():  # a score no run has (zero-shot STS with --sts=) leaves its panel empty
             ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "probe_vs_flops.png"), dpi=120)
-    written.append("probe_vs_flops.png")
+    if main:
+        fig.savefig(os.path.join(out_dir, "probe_vs_flops.png"), dpi=120)
+        written.append("probe_vs_flops.png")
 
     if len({shape_of(r) for r in main}) > 1:  # sizes: the paper's axis (the ladder preset)
         written.append(plot_sizes(plt, results, main, colors, out_dir))
@@ -577,6 +584,7 @@ def plots(results, out_dir):
     written.append("val_loss_vs_flops.png")
 
     written += plot_cms(plt, results, out_dir)
+    written += plot_lr(plt, results, colors, out_dir)
     plt.close("all")
     return written
 
@@ -655,6 +663,49 @@ def plot_cms(plt, results, out_dir):
         fig.tight_layout()
         fig.savefig(os.path.join(out_dir, f"cms-{shape}.png"), dpi=120)
         written.append(f"cms-{shape}.png")
+    return written
+
+
+def plot_lr(plt, results, colors, out_dir):
+    """Per shape with runs of the lr axis: lr-<shape>.png, each family's val loss and last-layer linear and kNN probes
+    against its multiple of the power law's learning rate. Each seed is a dot; the line joins the means over the seeds
+    every multiplier has (what the rule chooses by, own_lr), with the chosen multiplier ringed; the family's random
+    twins are a band (mean ± sd)."""
+    from matplotlib.ticker import NullFormatter  # the multipliers only: no overlapping labels
+    grids = lr_grids(results)
+    twins = {}
+    for r in results:
+        if r["axis"] == "random":
+            twins.setdefault((r["model_type"], shape_of(r)), []).append(r)
+    written = []
+    for shape in sorted({shp for _, shp, _ in grids}):
+        fig, axs = plt.subplots(1, 3, figsize=(15, 4.2))
+        ms = sorted({m for (_, shp, _), grid in grids.items() if shp == shape for m in grid})
+        for (budget, shp, fam), grid in sorted(grids.items()):
+            if shp != shape:
+                continue
+            pick, label = choose(grid, lambda r: r["val_loss"], min), f"{fam}, {budget:.2g} FLOPs"
+            for ax, (key, title) in zip(axs, (("val_loss", "val loss (ringed: the rule's choice)"),
+                                              *((k, f"{probe} probe (last layer)") for k, probe in PROBES))):
+                value = (lambda r: r["val_loss"]) if key == "val_loss" else (lambda r, k=key: r["scores"][k])
+                dots = [(m, value(r)) for m, runs in sorted(grid.items()) for r in runs.values()]
+                ax.plot(*zip(*dots), ".", color=colors[fam], alpha=0.5)
+                means = grid_means(grid, value)
+                if means:
+                    ax.plot(sorted(means), [means[m] for m in sorted(means)], "o-", color=colors[fam], label=label)
+                    ax.plot([pick], [means[pick]], "o", ms=13, mfc="none", color=colors[fam])
+                init = [t["scores"][key] for t in twins.get((fam, shape), []) if key != "val_loss"]
+                if init:
+                    ax.axhspan(np.mean(init) - np.std(init), np.mean(init) + np.std(init), color=colors[fam],
+                               alpha=0.12, label=f"{fam} random init (± sd)")
+                ax.set(xscale="log", xticks=ms, xticklabels=[f"x{m:g}" for m in ms],
+                       xlabel="multiple of the power law's learning rate", title=f"{title}, {shape}")
+                ax.xaxis.set_minor_formatter(NullFormatter())
+        for ax in axs:
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out_dir, f"lr-{shape}.png"), dpi=120)
+        written.append(f"lr-{shape}.png")
     return written
 
 

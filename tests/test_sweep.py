@@ -107,7 +107,7 @@ def test_plots_on_the_size_axis(tmp_path):
         make_config(dict(results[0]["settings"], model_type="bert")), "bert")[0]
 
 
-def test_a_sweep_of_the_lr_axis_alone_draws_its_runs_val_loss(tmp_path):
+def test_a_sweep_of_the_lr_axis_alone_draws_its_runs_val_loss_and_its_grid(tmp_path):
     pytest.importorskip("matplotlib")
     runs_ = [dict(name=f"bert-2x128-lr{m:g}", axis="lr", lr_scale=m, seed=0, shape="2x128", model_type="bert",
                   flops=1e14, settings=dict(max_flops=1e14, n_layer=2, n_embd=128, n_head=2, block_size=128,
@@ -118,6 +118,8 @@ def test_a_sweep_of_the_lr_axis_alone_draws_its_runs_val_loss(tmp_path):
         warnings.simplefilter("error")  # matplotlib warns when a legend has no lines to label
         written = report.plots(runs_, tmp_path)
     assert "val_loss_vs_flops.png" in written and (tmp_path / "val_loss_vs_flops.png").stat().st_size > 10_000
+    assert "lr-2x128.png" in written and (tmp_path / "lr-2x128.png").stat().st_size > 10_000
+    assert "probe_vs_flops.png" not in written and not (tmp_path / "probe_vs_flops.png").exists()  # no main runs
 
 
 def test_budgets_select_a_subset_of_the_plan(monkeypatch, capsys):
