@@ -595,6 +595,15 @@ def rung_params(r):
     return param_counts(make_config({**r["settings"], "model_type": "bert"}), "bert")[0]
 
 
+def save(fig, axs, out_dir, name):
+    """Labels every panel of fig (axs), lays it out and writes it to out_dir/name; returns name."""
+    for ax in axs:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, name), dpi=120)
+    return name
+
+
 def plot_sizes(plt, results, main, colors, out_dir):
     """probe_vs_params.png: the linear and kNN averages against model size (mean ± sd over seeds), each family's
     random twins as a band (mean ± sd), and each run's val loss below its unigram baseline."""
@@ -617,7 +626,6 @@ def plot_sizes(plt, results, main, colors, out_dir):
                 ax.fill_between(xs, mean - sd, mean + sd, color=color, alpha=0.15, label=f"{fam} random init (± sd)")
         ax.set(xscale="log", xlabel="parameters (BERT's at each size; every family at its FLOPs)",
                title=f"{title}, primary average (mean ± sd over seeds)")
-        ax.legend(fontsize=8)
     ax = axs[2]
     for fam, color in colors.items():
         pts = [(rung_params(r), r["unigram_loss"] - r["val_loss"]) for r in main if r["model_type"] == fam]
@@ -626,10 +634,7 @@ def plot_sizes(plt, results, main, colors, out_dir):
     ax.axhline(0, color="gray", ls=":", lw=0.8)
     ax.set(xscale="log", xlabel="parameters (BERT's at each size)", ylabel="unigram − val loss (nats)",
            title="val loss below its unigram baseline (ELECTRA: its generator's)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "probe_vs_params.png"), dpi=120)
-    return "probe_vs_params.png"
+    return save(fig, axs, out_dir, "probe_vs_params.png")
 
 
 def cms_curves(r):
@@ -701,11 +706,7 @@ def plot_lr(plt, results, colors, out_dir):
                 ax.set(xscale="log", xticks=ms, xticklabels=[f"x{m:g}" for m in ms],
                        xlabel="multiple of the power law's learning rate", title=f"{title}, {shape}")
                 ax.xaxis.set_minor_formatter(NullFormatter())
-        for ax in axs:
-            ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, f"lr-{shape}.png"), dpi=120)
-        written.append(f"lr-{shape}.png")
+        written.append(save(fig, axs, out_dir, f"lr-{shape}.png"))
     return written
 
 
@@ -743,11 +744,7 @@ def plot_along(plt, results, colors, out_dir):
         axs[2].set(xscale="log", xlabel="training FLOPs", ylabel="val masked-token loss (nats)",
                    title=f"val loss at the same points, {shape} (dotted: unigram)")
         axs[2].xaxis.set_minor_formatter(NullFormatter())
-        for ax in axs:
-            ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, f"trajectory-{shape}.png"), dpi=120)
-        written.append(f"trajectory-{shape}.png")
+        written.append(save(fig, axs, out_dir, f"trajectory-{shape}.png"))
     shapes = {}
     for cell, rs in cells_of(results, "layers").items():
         shapes.setdefault(shape_of(rs[0]), []).append(rs)
@@ -764,11 +761,7 @@ def plot_along(plt, results, colors, out_dir):
                                     color=color, capsize=3, alpha=1 if style == "o-" else 0.6, label=label)
                 ax.set(xlabel="layer (0: token embeddings)", xticks=range(n),
                        title=f"{probe} probe by layer, {shape} (mean ± sd over seeds)")
-        for ax in axs:
-            ax.legend(fontsize=8)
-        fig.tight_layout()
-        fig.savefig(os.path.join(out_dir, f"layers-{shape}.png"), dpi=120)
-        written.append(f"layers-{shape}.png")
+        written.append(save(fig, axs, out_dir, f"layers-{shape}.png"))
     return written
 
 
