@@ -536,34 +536,8 @@ def plots(results, out_dir):
     main = [r for r in results if r["axis"] == "main"]
     written = []
 
-    fig, axs = plt.subplots(1, 3, figsize=(15, 4.2))  # drawn only with main runs: an lr-only sweep has lr-<shape>.png
-    for ax, key, title in zip(axs, ("linear_avg", "knn_avg", "sts_zero_shot"),
-                              ("linear probe, primary average", "kNN probe, primary average",
-                               "zero-shot STS (Spearman)")):
-        for fam in colors:
-            cells = {}  # budget -> this family's scores over training seeds, and its shape's random twins
-            for r in main:
-                if r["model_type"] == fam and key in r["scores"]:
-                    cells.setdefault(r["flops"] and r["settings"]["max_flops"], (shape_of(r), []))[1].append(r["scores"][key])
-            if not cells:
-                continue
-            xs = sorted(cells)
-            ax.errorbar(xs, [np.mean(cells[x][1]) for x in xs], fmt="o-", color=colors[fam], capsize=3, label=fam,
-                        yerr=[np.std(cells[x][1], ddof=1) if len(cells[x][1]) > 1 else 0 for x in xs])
-            twins = [[t["scores"][key] for t in results if t["axis"] == "random" and t["model_type"] == fam
-                      and shape_of(t) == cells[x][0] and key in t["scores"]] for x in xs]
-            if all(twins):
-                ax.errorbar(xs, [np.mean(t) for t in twins], yerr=[np.std(t, ddof=1) if len(t) > 1 else 0 for t in twins],
-                            fmt="x--", color=colors[fam], alpha=0.6, capsize=3, label=f"{fam} random init")
-        ax.set(xscale="log", xlabel="training FLOPs", title=title + " (mean ± sd over seeds)")
-        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # decades only: no overlapping labels
-        if ax.has_data():  # a score no run has (zero-shot STS with --sts=) leaves its panel empty
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    if main:
-        fig.savefig(os.path.join(out_dir, "probe_vs_flops.png"), dpi=120)
-        written.append("probe_vs_flops.png")
-
+    if main:  # an lr-only sweep has no main runs: it draws lr-<shape>.png
+        written.append(plot_flops(plt, results, main, colors, out_dir))
     if len({shape_of(r) for r in main}) > 1:  # sizes: the paper's axis (the ladder preset)
         written.append(plot_sizes(plt, results, main, colors, out_dir))
     written += plot_along(plt, results, colors, out_dir)
@@ -593,6 +567,38 @@ def rung_params(r):
     """A run's size on the paper's axis: the parameters of BERT at its shape (embeddings included), the size every
     family at that rung is FLOP-matched to."""
     return param_counts(make_config({**r["settings"], "model_type": "bert"}), "bert")[0]
+
+
+def plot_flops(plt, results, main, colors, out_dir):
+    """probe_vs_flops.png, the paper's Fig. 1 at the sweep's scale: each family's linear, kNN and zero-shot STS scores
+    of the main runs against training FLOPs (mean ± sd over seeds), its random twins beside them."""
+    from matplotlib.ticker import NullFormatter
+    fig, axs = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, key, title in zip(axs, ("linear_avg", "knn_avg", "sts_zero_shot"),
+                              ("linear probe, primary average", "kNN probe, primary average",
+                               "zero-shot STS (Spearman)")):
+        for fam in colors:
+            cells = {}  # budget -> this family's scores over training seeds, and its shape's random twins
+            for r in main:
+                if r["model_type"] == fam and key in r["scores"]:
+                    cells.setdefault(r["flops"] and r["settings"]["max_flops"], (shape_of(r), []))[1].append(r["scores"][key])
+            if not cells:
+                continue
+            xs = sorted(cells)
+            ax.errorbar(xs, [np.mean(cells[x][1]) for x in xs], fmt="o-", color=colors[fam], capsize=3, label=fam,
+                        yerr=[np.std(cells[x][1], ddof=1) if len(cells[x][1]) > 1 else 0 for x in xs])
+            twins = [[t["scores"][key] for t in results if t["axis"] == "random" and t["model_type"] == fam
+                      and shape_of(t) == cells[x][0] and key in t["scores"]] for x in xs]
+            if all(twins):
+                ax.errorbar(xs, [np.mean(t) for t in twins], yerr=[np.std(t, ddof=1) if len(t) > 1 else 0 for t in twins],
+                            fmt="x--", color=colors[fam], alpha=0.6, capsize=3, label=f"{fam} random init")
+        ax.set(xscale="log", xlabel="training FLOPs", title=title + " (mean ± sd over seeds)")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # decades only: no overlapping labels
+        if ax.has_data():  # a score no run has (zero-shot STS with --sts=) leaves its panel empty
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "probe_vs_flops.png"), dpi=120)
+    return "probe_vs_flops.png"
 
 
 def save(fig, axs, out_dir, name):
