@@ -203,7 +203,6 @@ def write_sentence_transformers(folder, block_size):
 def export(ckpt_path, out, pooler_path="", encoder_only=False, like="", seed=1337):
     """Write the export folder `out` (which must not exist yet) from a checkpoint, or the random twin of `like` (with
     ckpt_path "random"), and, optionally, a saved pooler."""
-    optional("safetensors", "export")  # model.safetensors
     if os.path.exists(out):
         raise UserError(f"--out={out} already exists; pick a new folder (or remove it) so nothing in it is lost")
     if bool(like) != (ckpt_path == "random"):
@@ -220,6 +219,7 @@ def export(ckpt_path, out, pooler_path="", encoder_only=False, like="", seed=133
     if saved and saved["n_embd"] != model.config.n_embd:
         raise UserError(f"--pooler={pooler_path} is a pooler of {saved['n_embd']} dims, but --ckpt={ckpt_path} has "
                         f"n_embd={model.config.n_embd}; pass the checkpoint it was trained on, {saved['ckpt']}")
+    optional("safetensors", "export")  # model.safetensors; checked after the inputs, so a bad one is named first
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.", dir=parent)
