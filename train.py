@@ -36,7 +36,7 @@ from model import MODELS
 user_errors_hook("train.py")  # e.g. a path that cannot be written, anywhere below, ends in one line
 
 # -----------------------------------------------------------------------------
-# settings: the defaults train a tiny CrossBERT on 2 CPU cores (7.5 minutes with AMX, 32 in fp32 on AVX2): the
+# settings: the defaults train a tiny CrossBERT on 2 CPU cores (7-8.5 minutes with AMX, 32 in fp32 on AVX2): the
 # ladder's smallest rung (2 x 128 at 1.2e14 FLOPs, 20 tokens per parameter of its BERT), which beats its random twin
 # (docs/cpu-recipe.md)
 # model
