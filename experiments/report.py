@@ -586,11 +586,11 @@ def plot_flops(plt, results, main, colors, out_dir):
                 continue
             xs = sorted(cells)
             ax.errorbar(xs, [np.mean(cells[x][1]) for x in xs], fmt="o-", color=colors[fam], capsize=3, label=fam,
-                        yerr=[np.std(cells[x][1], ddof=1) if len(cells[x][1]) > 1 else 0 for x in xs])
+                        yerr=[sd_or_0(cells[x][1]) for x in xs])
             twins = [[t["scores"][key] for t in results if t["axis"] == "random" and t["model_type"] == fam
                       and shape_of(t) == cells[x][0] and key in t["scores"]] for x in xs]
             if all(twins):
-                ax.errorbar(xs, [np.mean(t) for t in twins], yerr=[np.std(t, ddof=1) if len(t) > 1 else 0 for t in twins],
+                ax.errorbar(xs, [np.mean(t) for t in twins], yerr=[sd_or_0(t) for t in twins],
                             fmt="x--", color=colors[fam], alpha=0.6, capsize=3, label=f"{fam} random init")
         ax.set(xscale="log", xlabel="training FLOPs", title=title + " (mean ± sd over seeds)")
         ax.xaxis.set_minor_formatter(NullFormatter())  # decades only: no overlapping labels
@@ -599,6 +599,11 @@ def plot_flops(plt, results, main, colors, out_dir):
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "probe_vs_flops.png"), dpi=120)
     return "probe_vs_flops.png"
+
+
+def sd_or_0(xs):
+    """An error bar over seeds: their sd, or none (0) for one seed."""
+    return np.std(xs, ddof=1) if len(xs) > 1 else 0
 
 
 def save(fig, axs, out_dir, name):
@@ -624,7 +629,7 @@ def plot_sizes(plt, results, main, colors, out_dir):
                 continue
             xs = sorted(rungs)
             ax.errorbar(xs, [np.mean(rungs[x][1]) for x in xs], capsize=3, fmt="o-", color=color, label=fam,
-                        yerr=[np.std(rungs[x][1], ddof=1) if len(rungs[x][1]) > 1 else 0 for x in xs])
+                        yerr=[sd_or_0(rungs[x][1]) for x in xs])
             twins = [[t["scores"][key] for t in results if t["axis"] == "random" and t["model_type"] == fam
                       and shape_of(t) == rungs[x][0]] for x in xs]
             if all(twins):
@@ -738,7 +743,7 @@ def plot_along(plt, results, colors, out_dir):
             xs = [p[1] for p in points]
             for ax, (key, probe) in zip(axs, PROBES):
                 ax.errorbar(xs, [np.mean(p[4][key]) for p in points], capsize=3, fmt="o-", color=color, label=fam,
-                            yerr=[np.std(p[4][key], ddof=1) if len(p[4][key]) > 1 else 0 for p in points])
+                            yerr=[sd_or_0(p[4][key]) for p in points])
                 if tw:
                     init = [t["layers"][str(len(t["layers"]) - 1)][key] for t in tw]
                     ax.axhspan(np.mean(init) - np.std(init), np.mean(init) + np.std(init), color=color, alpha=0.12,
