@@ -11,7 +11,7 @@ import numpy as np
 from errors import optional
 from flops import head_share, param_counts
 from model import MODELS, make_config
-from stats import fmt, fmt_ratio, trend, verdict
+from stats import fmt, fmt_ratio, interval, trend, verdict
 
 
 PROBES = (("linear_avg", "linear"), ("knn_avg", "kNN"))
@@ -602,8 +602,8 @@ def plot_flops(plt, results, main, colors, out_dir):
 
 
 def sd_or_0(xs):
-    """An error bar over seeds: their sd, or none (0) for one seed."""
-    return np.std(xs, ddof=1) if len(xs) > 1 else 0
+    """An error bar over seeds: their sd (stats.interval's), or none (0) for one seed."""
+    return interval(xs)[1] or 0
 
 
 def save(fig, axs, out_dir, name):
