@@ -256,6 +256,19 @@ def lr_laws(chosen):
     return laws
 
 
+def law_at(results, grids, fam, F0, m0, d):
+    """What the law m(F) = m0 * (F / F0)**d gives at every rung fam has main runs at, as "<shape> x<multiplier>; ...",
+    with the lr axis's command at a rung without a grid (grids: lr_grids())."""
+    at = []
+    for budget, shp in sorted({(r["settings"]["max_flops"], shape_of(r)) for r in results
+                               if r["axis"] == "main" and r["model_type"] == fam}):
+        m = float(f"{m0 * (budget / F0) ** d:.2g}")
+        untried = (budget, shp, fam) not in grids and m != 1
+        at.append(f"{shp} x{m:g}" + (f" (`--axes=lr --budgets={budget:.2g} --families={fam} --lr_scales={m:g}`)"
+                                      .replace("e+", "e") if untried else ""))
+    return "; ".join(at)
+
+
 def lr_grids(results):
     """{(budget, shape, family): {multiplier: {seed: record}}} of the main and lr axes, for the families the lr axis
     ran at that budget and shape (the main runs are its x1)."""
@@ -294,22 +307,19 @@ def own_lr(results):
               "what it gives at every budget the family has main runs at; a budget without a grid gets the lr axis's "
               "command that trains it there. Beside the choices, a sensitivity: the smoothed optimum, the vertex of "
               "the parabola in log2 of the multiplier through the lowest mean val loss and its two neighbours (- where "
-              "the lowest is at the grid's edge).", "",
+              "the lowest is at the grid's edge), and the same law fitted to those vertices (the paper picks its optima "
+              "by smoothed loss).", "",
               "| family | chosen (budget: multiplier) | smoothed optimum | m0 at F0 | d | at each budget: multiplier "
-              "(command where untried) |", "|" + "---|" * 6]
+              "(command where untried) | the smoothed optima's law: d, at each budget |", "|" + "---|" * 7]
+    vertices = {key: smoothed_optimum(g) for key, g in grids.items()}
+    smoothed = lr_laws(vertices)
     for fam, (picks, F0, m0, d) in sorted(lr_laws(chosen).items()):
-        vertices = [(budget, smoothed_optimum(g)) for (budget, _, f), g in sorted(grids.items()) if f == fam]
-        rungs = sorted({(r["settings"]["max_flops"], shape_of(r)) for r in results
-                        if r["axis"] == "main" and r["model_type"] == fam})
-        at = []
-        for budget, shp in rungs:
-            m = float(f"{m0 * (budget / F0) ** d:.2g}")
-            untried = (budget, shp, fam) not in grids and m != 1
-            at.append(f"{shp} x{m:g}" + (f" (`--axes=lr --budgets={budget:.2g} --families={fam} --lr_scales={m:g}`)"
-                                          .replace("e+", "e") if untried else ""))
+        tops = [f"{b:.2e}: " + (f"x{v:.2g}" if v else "-") for (b, _, f), v in sorted(vertices.items()) if f == fam]
+        law = smoothed.get(fam)
         lines.append(f"| {fam} | {', '.join(f'{b:.2e}: x{m:g}' for b, m in sorted(picks.items()))} | "
-                     f"{', '.join(f'{b:.2e}: ' + (f'x{v:.2g}' if v else '-') for b, v in vertices)} | {m0:.3g} at "
-                     f"{F0:.2e} | {round(d, 3) + 0:+.3f} | {'; '.join(at)} |")  # + 0: no "-0.000" from the fit's rounding
+                     f"{', '.join(tops)} | {m0:.3g} at {F0:.2e} | {round(d, 3) + 0:+.3f} | "  # + 0: no "-0.000"
+                     f"{law_at(results, grids, fam, F0, m0, d)} | "
+                     + (f"{round(law[3], 3) + 0:+.3f}: {law_at(results, grids, fam, *law[1:])} |" if law else "- |"))
     lines += ["", "Each family minus its baseline at equal FLOPs, paired by seed, [95% interval]: at the power law's "
               "learning rate (x1) and at each family's chosen multiplier.", "",
               "| budget | shape | comparison | learning rates | multipliers | pairs | linear | kNN | verdict (linear / "

@@ -93,7 +93,8 @@ def test_each_familys_law_is_fitted_to_its_choices_and_gives_the_untried_rungs_c
     cross = 2 * (6.4e14 / 1.2e14) ** d
     row = next(line for line in md.splitlines() if line.startswith("| crossbert | 1.20e+14: x2, 2.40e+15: x1 |"))
     assert f"3x192 x{cross:.2g} (`--axes=lr --budgets=6.4e14 --families=crossbert --lr_scales={cross:.2g}`)" in row
-    assert "2x128 x2; " in row and row.endswith("; 4x256 x1 |")  # rungs with a grid: their choice, no command
+    # rungs with a grid: their choice, no command; no vertex (lowest at an edge): no law of the smoothed optima
+    assert "2x128 x2; " in row and row.endswith("; 4x256 x1 | - |")
     # x2 at two budgets: a slope of 0 shown as +0.000, though the fit's is a rounding error away from 0
     same = [run("bert", shape, 0, m, 4.0 - (m == 2) / 10, 60, 50) for shape in ((2, 128), (3, 192)) for m in (1, 2)]
     bert = next(line for line in report.own_lr(same).splitlines() if line.startswith("| bert | "))
@@ -113,6 +114,25 @@ def test_the_smoothed_optimum_is_the_vertex_through_the_lowest_point_and_its_nei
     # CrossBERT's are lowest at an edge
     row = next(line for line in report.own_lr(grid()).splitlines() if line.startswith("| bert | "))
     assert row.split(" | ")[2] == f"1.20e+14: x{2 ** -0.375:.2g}, 2.40e+15: -"
+
+
+def test_the_smoothed_optima_get_a_law_of_their_own_that_names_the_untried_rungs_command():
+    # BERT's loss quadratic in log2 of the multiplier, its minimum at x1.5 at 2 x 128 and x3 at 3 x 192; 4 x 256 has
+    # main runs only. CrossBERT's grid is lowest at its edge at both: no vertex, no law
+    def loss(m, best):
+        return 4.0 + 0.1 * (math.log2(m) - math.log2(best)) ** 2
+    rs = [run("bert", shape, 0, m, loss(m, best), 60, 50) for shape, best in (((2, 128), 1.5), ((3, 192), 3.0))
+          for m in (1, 2, 4, 8)]
+    rs += [run("crossbert", shape, 0, m, 5.0 - m / 10, 60, 50) for shape in ((2, 128), (3, 192)) for m in (1, 2)]
+    rs += [run(f, (4, 256), 0, 1, 3.4, 64, 60) for f in ("bert", "crossbert")]
+    md = report.own_lr(rs)
+    d = math.log(2) / math.log(6.4e14 / 1.2e14)
+    m = 1.5 * (2.4e15 / 1.2e14) ** d
+    bert = next(line for line in md.splitlines() if line.startswith("| bert | "))
+    assert bert.split(" | ")[2] == "1.20e+14: x1.5, 6.40e+14: x3"
+    assert bert.endswith(f"| {d:+.3f}: 2x128 x1.5; 3x192 x3; 4x256 x{m:.2g} (`--axes=lr --budgets=2.4e15 "
+                         f"--families=bert --lr_scales={m:.2g}`) |")
+    assert next(line for line in md.splitlines() if line.startswith("| crossbert | ")).endswith(" | - |")
 
 
 def test_the_lr_section_needs_runs_of_the_lr_axis(tmp_path):
