@@ -82,16 +82,15 @@ def make_views(batch_size, block_size, mask_ratio, cms, generator=None, device=N
     return Views(rows, own_pos, rest_pos) if mask_ratio >= 0.5 else Views(rows, rest_pos, own_pos)
 
 
-def corrupt(idx, target_pos, mask_id, random_replace=False, generator=None):
+def corrupt(idx, target_pos, mask_id, u=None, noise=None):
     """BERT's input: the token ids idx (N, T) with those at target_pos (N, M) replaced by <mask>.
 
-    With random_replace, BERT's 80/10/10 rule: 80% <mask>, 10% a random token,
-    10% left as is. Random tokens are drawn below mask_id, where the real text ids are.
+    With BERT's 80/10/10 rule, u (N, M) uniforms and noise (N, M) random ids below mask_id (where the real text ids
+    are) come from the trainer's draws: a target becomes <mask> where u < 0.8, its noise id where u < 0.9, and stays
+    as it is elsewhere.
     """
     fill = torch.full_like(target_pos, mask_id)
-    if random_replace:
-        u = torch.rand(target_pos.shape, generator=generator, device=target_pos.device)
-        noise = torch.randint(0, mask_id, target_pos.shape, generator=generator, device=target_pos.device)
+    if u is not None:
         fill = torch.where(u < 0.8, fill, torch.where(u < 0.9, noise, idx.gather(1, target_pos)))
     return idx.scatter(1, target_pos, fill)
 

@@ -270,12 +270,25 @@ class BERT(MaskedLM):
         super().__init__(config)
         self.init_weights()
 
-    def predict(self, idx, views, random_replace=None):
+    def draw(self, B, T, generator=None, device=None):
+        """The views, and with random_replace BERT's 80/10/10 draws at each target: uniforms u (N, M) that pick
+        <mask>, a random id or the token itself, and the random ids (N, M), below <mask> (masking.corrupt)."""
+        views, = super().draw(B, T, generator, device)
+        if not self.config.random_replace:
+            return (views,)
+        shape = views.target_pos.shape
+        return (views, torch.rand(shape, generator=generator, device=device),
+                torch.randint(0, self.config.mask_token_id, shape, generator=generator, device=device))
+
+    def objective(self, idx, views, *replace):
+        _, loss = self.lm_loss(self.predict(idx, views, *replace), idx, views.target_pos)
+        return loss, {}
+
+    def predict(self, idx, views, u=None, noise=None):
         """The last layer's states (N, M, C) at each view's targets; idx (N, T) holds each view's row as embedding
-        ids. Every layer runs over the whole sequence, with <mask> at the targets (or the 80/10/10 rule, if
-        random_replace, by default the config's)."""
-        random_replace = self.config.random_replace if random_replace is None else random_replace
-        masked = corrupt(idx, views.target_pos, self.config.mask_token_id, random_replace)
+        ids. Every layer runs over the whole sequence, with <mask> at the targets, or the 80/10/10 rule given its
+        draws u and noise (draw())."""
+        masked = corrupt(idx, views.target_pos, self.config.mask_token_id, u, noise)
         h, _ = self.run_encoder(masked, torch.arange(idx.size(1), device=idx.device))  # (N, T, C)
         # the LM head, the costliest matmul of a small model, runs only where there is a target
         return h.gather(1, views.target_pos[..., None].expand(-1, -1, h.size(-1)))     # (N, M, C)
@@ -283,7 +296,7 @@ class BERT(MaskedLM):
     def fill(self, idx, views):
         """MaskedLM.fill with <mask> at every target, even for a model trained with 80/10/10: that rule corrupts
         training inputs, and the targets it leaves as they are would show the model the answer."""
-        return self.lm_logits(self.predict(idx, views, random_replace=False))
+        return self.lm_logits(self.predict(idx, views))
 
 
 class CrossBERT(MaskedLM):

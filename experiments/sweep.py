@@ -24,6 +24,8 @@ Axes besides the main BERT-vs-CrossBERT comparison (the paper's ablations), seed
   predictor CrossBERT's predictor depth, at the same FLOPs
   lr        each family at --lr_scales times the power law's learning rate, at every size and seed of the plan:
             each family's own optimum (docs/experiments.md); the law's own runs (x1) are the main axis
+  replace   BERT with the 80/10/10 corruption (80% <mask>, 10% a random token, 10% unchanged) at each --lr_scales
+            multiplier (x1 without it), at every size and seed of the plan: against all-<mask> BERT at the same rate
 An ablation varies the families of --families only (--families=crossbert: no BERT at 50%).
 """
 import json
@@ -106,6 +108,12 @@ def plan(p, axes, families=tuple(MODELS), seeds=1, budgets=None, lr_scales=()):
                     rs = run_settings(p, L, C, H, model_type, budget, seed=seed)
                     rs.update(learning_rate=rs["learning_rate"] * m, min_lr=rs["min_lr"] * m)
                     runs.append((f"{model_type}-{L}x{C}{tag}-lr{m:g}{sfx}", "lr", rs))
+                # BERT's 80/10/10 corruption at each multiplier of --lr_scales (x1 without it): the standard baseline
+                for m in (lr_scales or [1.0]) if "replace" in axes and model_type == "bert" else ():
+                    rs = run_settings(p, L, C, H, model_type, budget, seed=seed, random_replace=True)
+                    rs.update(learning_rate=rs["learning_rate"] * m, min_lr=rs["min_lr"] * m)
+                    lr = f"-lr{m:g}" if m != 1 else ""
+                    runs.append((f"bert-{L}x{C}{tag}{lr}-801010{sfx}", "replace", rs))
             if not ablate:
                 continue
             size = f"{L}x{C}{tag}"
@@ -180,10 +188,10 @@ def read_plan(argv):
     s.update(seeds=s["seeds"] or p.get("seeds", 1), out_dir=s["out_dir"] or f"sweep-{s['preset']}",
              axes=s["axes"] or p["axes"])
     families = read_families(s["families"] or p.get("families", ",".join(MODELS)))
-    unknown = [a for a in s["axes"].split(",") if a not in ("main", "mask", "cms", "predictor", "lr")]
+    unknown = [a for a in s["axes"].split(",") if a not in ("main", "mask", "cms", "predictor", "lr", "replace")]
     if unknown:  # an axis spelled wrong would leave it out of the plan, silently
         raise UserError(f"--axes: unknown {', '.join(unknown)}; expected a comma-separated subset of "
-                        "main,mask,cms,predictor,lr")
+                        "main,mask,cms,predictor,lr,replace")
     lr_scales = read_lr_scales(s["lr_scales"], "0.5,2") if s["lr_scales"] else []
     budgets = None
     if s["budgets"]:
@@ -305,7 +313,7 @@ def main(argv):
                 sys.exit(f"sweep.py: {e}, then rerun the same command to continue the sweep")
             t1 = time.time()
             scale = {}  # the lr axis's multiple of the power law's learning rate at the run's budget
-            if axis == "lr":
+            if axis in ("lr", "replace"):
                 law = run_settings(p, rs["n_layer"], rs["n_embd"], rs["n_head"], rs["model_type"], rs["max_flops"])
                 scale = dict(lr_scale=round(rs["learning_rate"] / law["learning_rate"], 4))
             r, model = run_record(name, axis, rs, run_dir, s["device"], **scale)

@@ -77,7 +77,9 @@ def test_corrupt_masks_target_positions_only():
 def test_corrupt_80_10_10():
     idx = torch.full((1, 100_000), 5)
     target_pos = torch.arange(100_000)[None]
-    out = corrupt(idx, target_pos, mask_id=50257, random_replace=True, generator=torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(0)
+    u, noise = torch.rand(target_pos.shape, generator=g), torch.randint(0, 50257, target_pos.shape, generator=g)
+    out = corrupt(idx, target_pos, mask_id=50257, u=u, noise=noise)
     masked, kept = (out == 50257).float().mean().item(), (out == 5).float().mean().item()
     assert abs(masked - 0.8) < 0.01 and 0.09 < kept < 0.11  # 10% kept (+ random draws of 5, rare)
     assert (out < 50258).all()

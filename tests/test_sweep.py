@@ -153,6 +153,17 @@ def test_the_lr_axis_scales_each_familys_law(monkeypatch, capsys):
     assert "--lr_scales=0.5,-2: expected comma-separated positive multipliers" in err
 
 
+def test_the_replace_axis_is_bert_80_10_10_at_each_rate():
+    p = runs.PRESETS["ladder"]
+    lr = {n: s for n, _, s in sweep.plan(p, ["lr"], ("bert", "crossbert"), seeds=2, budgets={"1.2e14"},
+                                         lr_scales=(2.0,))}
+    grid = sweep.plan(p, ["replace"], ("bert", "crossbert"), seeds=2, budgets={"1.2e14"}, lr_scales=(2.0,))
+    assert [(n, a) for n, a, _ in grid] == [("bert-2x128-lr2-801010", "replace"), ("bert-2x128-lr2-801010-s1", "replace")]
+    for name, _, s in grid:  # the all-<mask> run at the same rate, with 80/10/10 on
+        assert s == dict(lr[name.replace("-801010", "")], random_replace=True)
+    assert [n for n, _, _ in sweep.plan(p, ["replace"], ("bert",), budgets={"1.2e14"})] == ["bert-2x128-801010"]
+
+
 def test_the_ladder_ablates_at_the_rungs_asked_for_seed_by_seed():
     p = runs.PRESETS["ladder"]
     planned = sweep.plan(p, ["cms", "predictor"], ("crossbert",), seeds=2, budgets={"1.2e14"})

@@ -69,7 +69,8 @@ def losses(out_dir):
 ELECTRA = ["--model_type=electra"]
 
 
-@pytest.mark.parametrize("model", [[], pytest.param(ELECTRA, marks=pytest.mark.slow)], ids=["crossbert", "electra"])
+@pytest.mark.parametrize("model", [[], ["--model_type=bert", "--random_replace=True"],
+                                   pytest.param(ELECTRA, marks=pytest.mark.slow)], ids=["crossbert", "bert-80-10-10", "electra"])
 def test_ddp_equals_gradient_accumulation(tmp_path, dataset, model):
     # 4 micro-batches of 2 x 32 tokens a step: four micro-steps in one process, or two in each of two (so DDP's
     # no-sync micro-step runs too); in fp32, where the order of a sum moves a weight by less than the tolerance
