@@ -28,9 +28,10 @@ from contextlib import nullcontext
 
 import torch
 
-from configurator import configure
-from errors import UserError, at_least, check_device, user_errors
-from flops import checked_peak, design, fastest_dtype, flops_per_position, peak_flops, peak_from_table, time_steps
+from configurator import UserError, configure, user_errors
+from plumbing.checks import at_least, check_device
+from flops import design, flops_per_position
+from plumbing.throughput import checked_peak, fastest_dtype, peak_flops, peak_from_table, time_steps
 from model import MODELS, make_config
 
 settings = dict(

@@ -1,23 +1,103 @@
 """
-Scripts keep their settings as plain globals; this overrides them from the command line:
+Every script's settings, and the one rule for bad input.
 
     python train.py config/tiny_bert.py --batch_size=32 --compile=False
     python train.py --help              # the script's docstring, then every setting, its default and its comment
 
-A path runs a config file (python assignments); --key=value sets one key, the value
-read as a Python literal (a bare word stays a string); a bare --flag sets a boolean to True. Keys and types are checked
-against the script's defaults (a default of None takes any value), so a typo is an error, not a silently ignored option.
+A path runs a config file (python assignments); --key=value sets one key, the value read as a Python literal (a bare
+word stays a string); a bare --flag sets a boolean to True. Keys and types are checked against the script's defaults
+(a default of None takes any value), so a typo is an error, not a silently ignored option.
 
-Bad input here ends as everywhere (errors.py): one line, `<script>: error: <what and how to fix>`, exit status 2.
+Bad input, in every script: one line, `<script>: error: <what is wrong and how to fix it>`, exit status 2, and nothing
+written. Library code never exits: it raises UserError, whose message names the problem and the fix, or lets the
+world's errors through (a path that cannot be read or written, text that is not UTF-8); a script runs its work in
+user_errors(), which ends all of those in fail(). A program error is not bad input and keeps its traceback.
 """
 import ast
+import errno
+import os
 import sys
 import tokenize
 import traceback
+from contextlib import contextmanager
 from pathlib import Path
 
-from errors import fail, not_utf8
 
+class UserError(ValueError):
+    """Bad input: the message names the file, option or setting, and the fix."""
+
+
+def fail(message, script=None):
+    """End the process as bad input: one line, `<script>: error: <message>`, and exit status 2."""
+    print(f"{script or os.path.basename(sys.argv[0])}: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+# what the user can do about an OSError, by its errno
+FIXES = {errno.ENOENT: "check the path", errno.ENOTDIR: "a part of the path is a file, not a folder: pick another path",
+         errno.EISDIR: "it is a folder: pass a file", errno.EEXIST: "remove it or pick another path",
+         errno.EACCES: "pick a path you may read and write, or change its permissions",
+         errno.EROFS: "pick a path you may write", errno.ENOSPC: "free some space, or write somewhere else"}
+
+
+# the errors a user can cause from outside a script: a program error is none of these and keeps its traceback
+WORLD_ERRORS = (OSError, UnicodeDecodeError)
+
+
+def not_utf8(path, e, line=None):
+    """The message for a file that is not UTF-8 text: the file, the line and column of its first bad byte, the fix.
+
+    e: the UnicodeDecodeError of decoding the whole file, or of one line of it (then pass that line's number).
+    """
+    column = e.start - e.object.rfind(b"\n", 0, e.start)
+    line = line or e.object.count(b"\n", 0, e.start) + 1
+    return (f"{path}:{line}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at column {column}); save the file "
+            "as UTF-8")
+
+
+def world_error(e):
+    """The one-line message for a WORLD_ERRORS exception: the path, what is wrong with it and the fix."""
+    if isinstance(e, UnicodeDecodeError):  # the readers of text files name the file (not_utf8); this is the fallback
+        return f"a file is not UTF-8 text ({e.reason}, byte 0x{e.object[e.start]:02x}); save it as UTF-8"
+    if e.errno is None:  # raised with a message of its own (e.g. data.corpus's), which names the fix
+        return str(e)
+    fix = FIXES.get(e.errno, "check the path")
+    path = e.filename if e.filename2 is None else f"{e.filename} -> {e.filename2}"
+    return f"{path}: {e.strerror or e}; {fix}" if path is not None else f"{e.strerror or e}; {fix}"
+
+
+def message(e):
+    """The one line for a UserError or a WORLD_ERRORS exception; None for anything else (a program error)."""
+    if isinstance(e, WORLD_ERRORS):
+        return world_error(e)
+    if isinstance(e, UserError):
+        return str(e)
+    return None
+
+
+@contextmanager
+def user_errors(script):
+    """Run a script's work so that every error a user can cause ends in fail(): UserError and WORLD_ERRORS."""
+    try:
+        yield
+    except (UserError, *WORLD_ERRORS) as e:
+        fail(message(e), script)
+
+
+def user_errors_hook(script):
+    """user_errors() for a script that runs at module level: a sys.excepthook, so that it holds wherever the error
+    is raised. Other exceptions go on to the hook that was there before."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):  # fail()'s SystemExit, raised in the hook, ends the process with status 2
+        if message(value) is not None:
+            fail(message(value), script)
+        previous(kind, value, tb)
+    sys.excepthook = hook
+
+
+# -----------------------------------------------------------------------------
+# Settings: config files, --key=value, --help
 
 def run_config(path, arg):
     """The names a config file assigns. A file that is not UTF-8, does not parse or raises while it runs ends in

@@ -27,10 +27,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from configurator import configure
+from configurator import UserError, configure, user_errors
 from data.tasks import GLUE, load_task
-from errors import UserError, at_least, check_writable, user_errors
-from features import METRICS, MODEL_SETTINGS, check_model_settings, features, load_model, tokenize
+from plumbing.checks import at_least, check_writable
+import evaluation.features as features_module
+from evaluation.features import MODEL_SETTINGS, check_model_settings, features, load_model, tokenize
+from evaluation.metrics import METRICS
 
 settings = dict(
     **MODEL_SETTINGS,
@@ -197,8 +199,8 @@ def table(results, layers, averages):
 
 
 def main(argv=None):
-    # --help: this docstring, and each setting's comment, here or (the backbone's) in features.py
-    s = configure(settings, argv, help_from=[__file__, os.path.join(os.path.dirname(__file__), "features.py")])
+    # --help: this docstring, and each setting's comment, here or (the backbone's) in evaluation/features.py
+    s = configure(settings, argv, help_from=[__file__, features_module.__file__])
     with user_errors("probe.py"):
         check_model_settings(s)
         at_least(s, 1, ("batch_size",))

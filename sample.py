@@ -17,11 +17,11 @@ encoder's mean-pooled last-layer features (embed.py's zero-shot embeddings); lin
 import numpy as np
 import torch
 
-from checkpoint import load_checkpoint
-from configurator import configure
+from plumbing.checkpoint import load_checkpoint
+from configurator import UserError, configure, user_errors
 from data.tokenizer import EOT, MASK, decode, encode, encode_masked
-from errors import UserError, at_least, check_device, user_errors
-from features import embed_texts, read_texts, search
+from plumbing.checks import at_least, check_device
+from embeddings.vectors import embed_texts, read_texts, search
 from masking import Views, make_views
 
 settings = dict(

@@ -24,12 +24,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import checkpoint
-from configurator import configure
+from plumbing import checkpoint, run
+from configurator import UserError, configure, fail, user_errors, user_errors_hook
 from data.corpus import prepare_tinybooks
 from data.loader import load_splits
-from errors import UserError, fail, optional, user_errors, user_errors_hook
-from flops import budget_steps, checked_peak, fastest_dtype, peak_flops, peak_from_table, training_flops
+from plumbing.checks import optional
+from flops import budget_steps, training_flops
+from plumbing.throughput import checked_peak, fastest_dtype, peak_flops, peak_from_table
 from masking import draws_of_rows
 from model import MODELS
 
@@ -111,7 +112,7 @@ ddp = "RANK" in os.environ  # set by torchrun
 rank, local_rank, world_size = (int(os.environ[k]) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")) if ddp else (0, 0, 1)
 master = rank == 0
 with user_errors("train.py"):  # every setting checked, and wandb there if asked for; the checkpoint to resume, if any
-    config, ckpt = checkpoint.check_run(settings, world_size)
+    config, ckpt = run.check_run(settings, world_size)
     wandb = optional("wandb", "--wandb_log=True") if wandb_log else None
 n_views, _, n_predicted = config.views
 # the batch: total_batch_size is fixed; each process takes an equal share of a step's rows, in micro-steps of
@@ -126,9 +127,9 @@ if ddp:
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(device)
     if rank > 0:
-        checkpoint.reach_master(join_timeout)
+        run.reach_master(join_timeout)
     dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
-# the other processes wait out the master's probes in a group of their own, with a long timeout (checkpoint.probe_run)
+# the other processes wait out the master's probes in a group of their own, with a long timeout (run.probe_run)
 probe_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(days=1)) if ddp and probe_interval else None
 device_type = "cuda" if device.startswith("cuda") else "cpu"
 
@@ -230,7 +231,7 @@ log(f"unigram baseline: a model that ignores context scores {unigram:.4f} nats o
 # the run's records: out_dir/log.jsonl, and live curves on wandb (optional), the master's
 wandb_run = wandb.init(project=wandb_project, name=wandb_run_name or out_dir, config=settings, id=wandb_id,
                        resume="allow") if wandb and master else None
-write_log = (checkpoint.start_log(out_dir, step if init_from == "resume" else None, wandb_run) if master
+write_log = (run.start_log(out_dir, step if init_from == "resume" else None, wandb_run) if master
              else lambda record: None)
 write_log({"step": step, "code": checkpoint.code_version(), "unigram_loss": round(unigram, 4), "max_iters": max_iters,
            "flops_per_step": flops_per_step, "tokens_per_step": tokens_per_step,
@@ -289,7 +290,7 @@ def save_checkpoint():
         log(f"saved checkpoint to {ckpt_path} (step {step})")
 
 
-signals = checkpoint.Signals(lambda: step, out_dir)  # Ctrl-C: one line; SIGTERM, SIGUSR1: save the step; exit 75
+signals = run.Signals(lambda: step, out_dir)  # Ctrl-C: one line; SIGTERM, SIGUSR1: save the step; exit 75
 
 # -----------------------------------------------------------------------------
 # training loop
@@ -302,7 +303,7 @@ while True:
         t_eval = time.perf_counter()
         val = estimate_val_loss()
         if not all(map(math.isfinite, val.values())):
-            checkpoint.stop_non_finite(step, "the validation loss", val, ckpt_path, settings)
+            run.stop_non_finite(step, "the validation loss", val, ckpt_path, settings)
         # the masked-token loss, which the unigram baseline bounds: the loss, or a composite loss's mlm_loss part
         total_loss = val.pop("loss")
         val_loss = val.pop("mlm_loss", total_loss)
@@ -313,7 +314,7 @@ while True:
                 f"unigram baseline {unigram:.3f}" + "".join(f", {k} {v:.4f}" for k, v in val.items()))
         if probe_interval and step % probe_interval == 0:
             from probe import probe_tasks as probe  # imported only by a run that probes
-            record["probe"] = checkpoint.probe_run(probe, raw_model, settings, device, probe_group)
+            record["probe"] = run.probe_run(probe, raw_model, settings, device, probe_group)
         log(line + (f", probe {record['probe']}" if "probe" in record else ""))
         write_log(record)
         if step in snapshot_steps:
@@ -355,7 +356,7 @@ while True:
             dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
         train_loss, *parts = (loss_sum / steps_since_log).tolist()
         if not math.isfinite(train_loss):
-            checkpoint.stop_non_finite(step, "the training loss", train_loss, ckpt_path, settings)
+            run.stop_non_finite(step, "the training loss", train_loss, ckpt_path, settings)
         dt = (time.perf_counter() - t_log) / steps_since_log
         parts = dict(zip(stats, parts))  # the names of the model's stats, in the order metrics() stacked them
         if flops_per_step / dt > peak:  # the peak was measured on a busy machine (flops.checked_peak)

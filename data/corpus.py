@@ -17,7 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from errors import UserError, at_least, check_writable, not_utf8, user_errors
+from configurator import UserError, not_utf8, user_errors
+from plumbing.checks import at_least, check_writable
 
 from data.tokenizer import EOT, MASK, PAD, VOCAB_SIZE, get_tokenizer
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from data.tokenizer import VOCAB_SIZE, compact_vocab
-from errors import UserError
+from configurator import UserError
 
 FIX = "rebuild it with its prepare script, e.g. python data/tinybooks/prepare.py"
 

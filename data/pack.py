@@ -26,7 +26,7 @@ import numpy as np
 from data.loader import load_splits
 from data.tasks import load_task, read_tsv, task_list, train_subset
 from data.tokenizer import EOT
-from errors import UserError
+from configurator import UserError
 
 SPLITS = ("train", "val")
 XZ = [{"id": lzma.FILTER_LZMA2, "preset": 9 | lzma.PRESET_EXTREME, "lc": 3, "lp": 1, "pb": 1}]  # 2-byte symbols

@@ -8,7 +8,7 @@ from pathlib import Path
 from data.corpus import FORMATS, find_files, read_files
 from data.tasks import read_jsonl, utf8_lines
 from data.tokenizer import EOT, encode
-from errors import UserError
+from configurator import UserError
 
 
 def crop_pairs(path, seed, passage=64, chars_per_passage=10_000, lo=0.1, hi=0.5):

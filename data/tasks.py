@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from errors import UserError, not_utf8
+from configurator import UserError, not_utf8
 
 
 # the settings these messages name: the evaluators' (probe.py, the experiments) and train.py's, whose probes during

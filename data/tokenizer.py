@@ -11,7 +11,7 @@ import re
 import numpy as np
 import tiktoken
 from tiktoken_ext.openai_public import r50k_pat_str  # GPT-2's pre-tokenisation regex
-from errors import UserError
+from configurator import UserError
 
 EOT = 50256   # <|endoftext|>: GPT-2's own separator, between documents in the .bin files
 MASK = 50257  # <mask>

@@ -25,10 +25,11 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-from checkpoint import load_checkpoint
-from configurator import configure
-from errors import at_least, check_device, check_writable, user_errors
-from flops import fastest_dtype, flops_per_position, peak_flops, time_steps
+from plumbing.checkpoint import load_checkpoint
+from configurator import configure, user_errors
+from plumbing.checks import at_least, check_device, check_writable
+from flops import flops_per_position
+from plumbing.throughput import fastest_dtype, peak_flops, time_steps
 from model import MODELS, make_config
 from report import Report
 from runs import (PRESETS, ROOT, RunFailed, prepare_dataset, probe_model, read_log, run_settings, steps_for,

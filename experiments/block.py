@@ -25,8 +25,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from configurator import configure
-from errors import UserError, at_least, check_writable, user_errors
+from configurator import UserError, configure, user_errors
+from plumbing.checks import at_least, check_writable
 from runs import RunFailed, read_log, train
 from stats import fmt
 
@@ -78,8 +78,8 @@ def settings_of(name, corpus, seed):
 def probe_pair(ckpt, tasks):
     """Linear and kNN scores per task of a checkpoint's encoder and of its random twin (same seed's init), and the
     checkpoint's code."""
-    from checkpoint import load_checkpoint
-    from features import random_twin
+    from plumbing.checkpoint import load_checkpoint
+    from evaluation.features import random_twin
     from probe import evaluate
     model, ck = load_checkpoint(ckpt)
     twin = random_twin(model, ck["config"]["seed"])

@@ -34,10 +34,10 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-from configurator import configure
+from configurator import UserError, configure, user_errors
 from data.pack import pack_corpus, pack_tasks, unpack_corpus, unpack_tasks
-from errors import UserError, check_device, check_writable, user_errors
-from features import random_twin
+from plumbing.checks import check_device, check_writable
+from evaluation.features import random_twin
 from report import Report
 from runs import (PRESETS, ROOT, prepare_dataset, probe_model, read_families, read_log, read_lr_scales, run_record,
                   run_settings, size_budget, start, steps_for, tokenized_tasks, trajectory, twin_record)

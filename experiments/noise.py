@@ -19,11 +19,11 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-from checkpoint import load_checkpoint
-from configurator import configure
-from errors import UserError, check_device, check_writable, user_errors
+from plumbing.checkpoint import load_checkpoint
+from configurator import UserError, configure, user_errors
+from plumbing.checks import check_device, check_writable
 from data.tasks import load_task, task_list
-from features import features, random_twin, tokenize
+from evaluation.features import features, random_twin, tokenize
 from probe import probe
 from stats import t95
 

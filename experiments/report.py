@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from errors import optional
+from plumbing.checks import optional
 from flops import head_share, param_counts
 from model import MODELS, make_config
 from stats import fmt, fmt_ratio, interval, trend, verdict

@@ -11,10 +11,10 @@ import sys
 
 import numpy as np
 
-from checkpoint import code_version, load_checkpoint
+from plumbing.checkpoint import code_version, load_checkpoint
 from data.tasks import load_task, task_list
-from errors import UserError
-from features import features, tokenize
+from configurator import UserError
+from evaluation.features import features, tokenize
 from flops import budget_steps, param_counts, training_flops
 from model import MODELS, make_config
 from probe import probe

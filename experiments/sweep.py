@@ -37,11 +37,11 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-from checkpoint import load_checkpoint
-from configurator import configure
-from errors import UserError, at_least, check_device, check_writable, optional, user_errors
+from plumbing.checkpoint import load_checkpoint
+from configurator import UserError, configure, user_errors
+from plumbing.checks import at_least, check_device, check_writable, optional
 from data.tasks import load_task, task_list
-from features import random_twin
+from evaluation.features import random_twin
 from flops import cms_block, param_counts
 from model import MODELS, make_config
 from report import plots, summarize, write_markdown
@@ -158,7 +158,7 @@ def evaluate(model, tasks, glue_tasks, glue_dir, sts, max_train, layers=False):
     """Frozen-probe scores of a model: {"TASK/linear": %, "TASK/knn": %, ...}, the averages over the primary tasks
     (linear_avg, knn_avg) and over GLUE (glue_linear_avg, glue_knn_avg), and zero-shot STS (sts_zero_shot). With
     layers, also {layer: scores} of the primary tasks at every layer; the last layer's are the scores above."""
-    from features import zero_shot_sts
+    from embeddings.vectors import zero_shot_sts
     n_layer = model.config.n_layer
     every = by_layer(model, tasks, glue_dir, max_train, list(range(n_layer + 1)) if layers else [n_layer])
     scores = dict(every[n_layer])

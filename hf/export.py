@@ -45,11 +45,12 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)  # the project's modules, when run as `python hf/export.py`
-from checkpoint import load_checkpoint
-from configurator import configure
+from plumbing.checkpoint import load_checkpoint
+from configurator import UserError, configure, user_errors
 from data.tokenizer import EOT, MASK, PAD, load_ranks
-from errors import UserError, check_writable, optional, user_errors
-from features import load_pooler, random_twin
+from plumbing.checks import check_writable, optional
+from embeddings.vectors import load_pooler
+from evaluation.features import random_twin
 
 settings = dict(
     ckpt="out/ckpt.pt",     # a train.py checkpoint, or random (with --like: that checkpoint's random-init twin)

@@ -18,10 +18,10 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the project's modules, when run as `python hf/finetune.py`
-from configurator import configure
+from configurator import UserError, configure, user_errors
 from data.tasks import load_task
-from errors import UserError, at_least, check_writable, optional, user_errors
-from features import METRICS
+from plumbing.checks import at_least, check_writable, optional
+from evaluation.metrics import METRICS
 
 settings = dict(
     model="",               # an hf/export.py folder (needed)

@@ -10,7 +10,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
-sys.path[:0] = [str(ROOT), str(ROOT / "experiments"), str(ROOT / "hf")]  # the scripts, as `python x.py` finds them
+sys.path[:0] = [str(ROOT), str(ROOT / "experiments"), str(ROOT / "hf"), str(ROOT / "embeddings")]  # the scripts, as `python x.py` finds them
 torch.set_num_threads(1)  # the tests use tiny tensors: one thread is faster than two that wait on each other
 os.environ["OMP_NUM_THREADS"] = "1"  # and in the scripts they start: two each made a sweep test 5x slower on a busy CPU
 

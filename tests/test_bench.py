@@ -57,14 +57,14 @@ def test_peak_is_the_fastest_of_its_trials(monkeypatch):
 
     import torch
 
-    import flops
+    import plumbing.throughput as flops
     clock = iter([0.0, 0.9, 1.0, 1.4, 2.0, 2.7])  # three trials, each a start and an end: 0.9, 0.4 and 0.7 s
     monkeypatch.setattr(time, "perf_counter", lambda: next(clock))
     assert flops.peak_flops(torch.device("cpu"), torch.float32, trials=3) == pytest.approx(2 * 2048 ** 3 / 0.4)
 
 
 def test_mfu_cannot_pass_100_percent():
-    from flops import checked_peak
+    from plumbing.throughput import checked_peak
 
     def never():
         raise AssertionError("the peak is only measured again when a run beats it")

@@ -9,7 +9,7 @@ import pytest
 
 import block
 from conftest import script_error
-from errors import UserError
+from configurator import UserError
 from flops import training_flops
 from model import make_config
 

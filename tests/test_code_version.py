@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-import checkpoint
+from plumbing import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,7 +23,8 @@ def test_outside_git_it_is_a_hash_of_the_root_python_files(tmp_path, monkeypatch
     # a copy of the root .py files (as one unpacked from an archive), which checkpoint.py reads as its own folder
     for path in ROOT.glob("*.py"):
         shutil.copy(path, tmp_path)
-    monkeypatch.setattr(checkpoint, "__file__", str(tmp_path / "checkpoint.py"))
+    (tmp_path / "plumbing").mkdir()
+    monkeypatch.setattr(checkpoint, "__file__", str(tmp_path / "plumbing" / "checkpoint.py"))
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))  # no repository above the copy counts
     if without == "git itself":
         def no_git(*args, **kwargs):

@@ -8,13 +8,14 @@ import pytest
 import torch
 
 import embed
-from checkpoint import code_version, save_checkpoint
+from plumbing.checkpoint import code_version, save_checkpoint
 from conftest import assert_one_line_error
 from data.pairs import crop_pairs, pair_stream, text_pairs
 from data.tasks import read_beir, read_sts
 from data.tokenizer import EOT, decode, encode
-from features import embed_texts, features, load_pooler, save_pooler, tokenize
-from model import POOLERS, CrossBERT, MeanPooler, ModelConfig, mean_pool
+from embeddings.vectors import MeanPooler, POOLERS, embed_texts, load_pooler, save_pooler
+from evaluation.features import features, mean_pool, tokenize
+from model import CrossBERT, ModelConfig
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
 

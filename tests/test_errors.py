@@ -133,7 +133,7 @@ def test_bad_setting_is_one_line(args, message, dataset, world, tmp_path, monkey
 # the other scripts, run as `python <script>` runs them, with BASE[script] first (later arguments win); rows as CASES
 BASE = {
     "probe.py": ["--ckpt=random", "--n_layer=1", "--n_embd=32", "--n_head=2", "--tasks={w}/task3"],
-    "embed.py": ["--ckpt=random", "--n_layer=1", "--n_embd=32", "--n_head=2", "--sts={w}/sts.tsv"],
+    "embeddings/embed.py": ["--ckpt=random", "--n_layer=1", "--n_embd=32", "--n_head=2", "--sts={w}/sts.tsv"],
     "sample.py": ["--ckpt={w}/none.pt", "--device=cpu"],
     "hf/export.py": ["--ckpt={w}/none.pt"],
     "experiments/sweep.py": ["--glue_dir=", "--glue_tasks=", "--sts=", "--tasks={w}/task3", "--out_dir={w}/sweep",
@@ -153,16 +153,16 @@ WORLD = [
     ("probe.py", ["--batch_size=0"], "--batch_size=0: must be at least 1"),
     ("probe.py", ["--max_train=2"], "task {w}/task3: max_train=2 keeps fewer than the 3 training examples"),
     ("probe.py", ["--max_train=-1"], "max_train=-1 keeps fewer than the 3 training examples"),
-    ("embed.py", ["--out={w}/afile/embed.json"], "--out={w}/afile/embed.json: {w}/afile is a file, not a folder"),
-    ("embed.py", ["--sts={w}/latin1_sts.tsv"], "{w}/latin1_sts.tsv:2: not UTF-8 text (byte 0xe9 at column 8)"),
-    ("embed.py", ["--beir={w}/latin1_beir"], "{w}/latin1_beir/corpus.jsonl:1: not UTF-8 text"),
-    ("embed.py", ["--pairs={w}/latin1_pairs.tsv"], "{w}/latin1_pairs.tsv:3: not UTF-8 text (byte 0xe9 at column 4)"),
-    ("embed.py", ["--pairs=crop:{w}/latin1_corpus"], "{w}/latin1_corpus/0.txt:2: not UTF-8 text (byte 0xe9"),
-    ("embed.py", ["--pairs={w}/pairs.tsv", "--batch_size=0"], "--batch_size=0: contrastive training needs at least 2"),
-    ("embed.py", ["--pairs={w}/pairs.tsv", "--batch_size=1"], "--batch_size=1: contrastive training needs at least 2"),
-    ("embed.py", ["--steps=0"], "--steps at least 1 (got 0)"),
-    ("embed.py", ["--pooler=max"], "--pooler='max': expected one of attn, mean"),
-    ("embed.py", ["--unfreeze=yes"], "unfreeze must be a bool"),
+    ("embeddings/embed.py", ["--out={w}/afile/embed.json"], "--out={w}/afile/embed.json: {w}/afile is a file, not a folder"),
+    ("embeddings/embed.py", ["--sts={w}/latin1_sts.tsv"], "{w}/latin1_sts.tsv:2: not UTF-8 text (byte 0xe9 at column 8)"),
+    ("embeddings/embed.py", ["--beir={w}/latin1_beir"], "{w}/latin1_beir/corpus.jsonl:1: not UTF-8 text"),
+    ("embeddings/embed.py", ["--pairs={w}/latin1_pairs.tsv"], "{w}/latin1_pairs.tsv:3: not UTF-8 text (byte 0xe9 at column 4)"),
+    ("embeddings/embed.py", ["--pairs=crop:{w}/latin1_corpus"], "{w}/latin1_corpus/0.txt:2: not UTF-8 text (byte 0xe9"),
+    ("embeddings/embed.py", ["--pairs={w}/pairs.tsv", "--batch_size=0"], "--batch_size=0: contrastive training needs at least 2"),
+    ("embeddings/embed.py", ["--pairs={w}/pairs.tsv", "--batch_size=1"], "--batch_size=1: contrastive training needs at least 2"),
+    ("embeddings/embed.py", ["--steps=0"], "--steps at least 1 (got 0)"),
+    ("embeddings/embed.py", ["--pooler=max"], "--pooler='max': expected one of attn, mean"),
+    ("embeddings/embed.py", ["--unfreeze=yes"], "unfreeze must be a bool"),
     ("probe.py", ["--model_type=gpt"], "--model_type='gpt': expected one of bert, crossbert, electra"),
     ("probe.py", ["--max_train=all"], "max_train must be a int"),
     ("sample.py", ["--text=a <mask>", "--top_k=many"], "top_k must be a int"),
@@ -222,7 +222,7 @@ def test_the_world_is_one_line(script, args, message, world, monkeypatch, capsys
 
 
 # the evaluators' own arguments, enough to reach their checks
-EVALUATORS = {"probe.py": [], "embed.py": ["--sts=sts.tsv"], "sample.py": ["--text=a <mask>"],
+EVALUATORS = {"probe.py": [], "embeddings/embed.py": ["--sts=sts.tsv"], "sample.py": ["--text=a <mask>"],
               "hf/export.py": ["--out=x"]}
 
 
@@ -236,7 +236,7 @@ def test_an_unknown_setting_is_one_line(script, monkeypatch, capsys):
     ("cuda", "--device='cuda', but this machine has no CUDA device (or torch is a CPU build); use --device=cpu"),
     ("cuda:99", "--device='cuda:99', but this machine has"),  # no CUDA device, or fewer than 100
 ])
-@pytest.mark.parametrize("script", ["probe.py", "embed.py", "sample.py"])
+@pytest.mark.parametrize("script", ["probe.py", "embeddings/embed.py", "sample.py"])
 def test_a_device_this_machine_lacks_is_one_line(script, device, message):
     import importlib
 
@@ -244,8 +244,8 @@ def test_a_device_this_machine_lacks_is_one_line(script, device, message):
     from conftest import assert_one_line_error
     if device == "cuda" and torch.cuda.is_available():
         pytest.skip("this machine has a CUDA device")
-    main = importlib.import_module(script.removesuffix(".py")).main
-    assert_one_line_error(main, [*EVALUATORS[script], f"--device={device}"], script, message)
+    main = importlib.import_module(os.path.basename(script).removesuffix(".py")).main
+    assert_one_line_error(main, [*EVALUATORS[script], f"--device={device}"], os.path.basename(script), message)
 
 
 @pytest.mark.slow  # seconds of whole runs for plumbing, not an idea: RUN_SLOW=1 (and CI) runs it
@@ -263,7 +263,7 @@ def test_a_full_disk_mid_run_is_one_line(dataset, tmp_path):
 
 def test_a_program_error_keeps_its_traceback(monkeypatch):
     """Only the errors a user causes become one line: anything else is a bug, and its traceback is the report."""
-    from errors import UserError, user_errors, user_errors_hook
+    from configurator import UserError, user_errors, user_errors_hook
     with pytest.raises(ZeroDivisionError), user_errors("x.py"):
         1 / 0
     seen = []
@@ -365,7 +365,7 @@ class SendsCtrlC:
 
 
 def test_ctrl_c_mid_write_keeps_the_new_checkpoint(tmp_path):
-    from checkpoint import save_checkpoint
+    from plumbing.checkpoint import save_checkpoint
     path = str(tmp_path / "ckpt.pt")
     save_checkpoint(path, {"step": 1})
     with pytest.raises(KeyboardInterrupt):  # raised, but only once the new file is whole and in place
@@ -409,12 +409,12 @@ def test_embed_refuses_meaningless_training(args, message, tmp_path, shared_dir,
     monkeypatch.setattr(sys, "argv", ["embed.py", "--ckpt=random", "--n_layer=1", "--n_embd=32", "--n_head=2",
                                       f"--sts={shared_dir / 'glue' / 'STS-B'}", *args])
     with pytest.raises(SystemExit) as e:
-        runpy.run_path(os.path.join(ROOT, "embed.py"), run_name="__main__")
+        runpy.run_path(os.path.join(ROOT, "embeddings", "embed.py"), run_name="__main__")
     assert e.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1]
 
 
 def test_non_finite_weights_are_caught_at_load(tmp_path):
-    from checkpoint import load_checkpoint, save_checkpoint
+    from plumbing.checkpoint import load_checkpoint, save_checkpoint
     from model import CrossBERT, ModelConfig
     model = CrossBERT(ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64, mask_token_id=62))
     state = model.state_dict()
@@ -448,9 +448,9 @@ TEXTS_CASES = [
 @pytest.mark.parametrize("files,args,message", TEXTS_CASES, ids=[" ".join(a) for _, a, _ in TEXTS_CASES])
 def test_embed_texts_bad_input_is_one_line(files, args, message, tmp_path):
     import embed
-    from model import AttentionPooler
+    from embeddings.vectors import AttentionPooler
     from conftest import assert_one_line_error
-    from features import save_pooler
+    from embeddings.vectors import save_pooler
     for name, content in files.items():
         if content == "pooler64":  # a real pooler file, for a wider backbone
             save_pooler(tmp_path / name, AttentionPooler(64, 2), "attn", 64, 2, "big/ckpt.pt")

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 import export
-from checkpoint import save_checkpoint
+from plumbing.checkpoint import save_checkpoint
 from conftest import assert_one_line_error
 from data.tokenizer import EOT, MASK, PAD, encode, encode_masked, load_ranks
-from features import embed_texts, pad, random_twin, save_pooler, tokenize
-from model import MODELS, POOLERS, AttentionPooler, ModelConfig
+from embeddings.vectors import AttentionPooler, POOLERS, embed_texts, save_pooler
+from evaluation.features import pad, random_twin, tokenize
+from model import MODELS, ModelConfig
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=512)
 TEXTS = ["A short one.", "", "Naïve café — 東京 emoji 🙂, and <unk> or <mask spelled out.",

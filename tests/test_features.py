@@ -4,10 +4,11 @@ import numpy as np
 import pytest
 import torch
 
-import features
+from evaluation import features
 from data.tokenizer import EOT, PAD, encode
-from errors import UserError
-from features import accuracy, f1, macro_f1, matthews, pearson, ranks, search, spearman, zero_shot_sts
+from configurator import UserError
+from embeddings.vectors import search, zero_shot_sts
+from evaluation.metrics import accuracy, f1, macro_f1, matthews, pearson, ranks, spearman
 from model import CrossBERT, ModelConfig
 
 

@@ -11,12 +11,12 @@ import torch.nn.functional as F
 import export
 import finetune
 import sample
-from checkpoint import save_checkpoint
+from plumbing.checkpoint import save_checkpoint
 from conftest import assert_one_line_error, tiny_tasks
 from data.tokenizer import MASK, VOCAB_SIZE, compact_vocab
-from features import tokenize, pad
+from evaluation.features import mean_pool, pad, tokenize
 from masking import Views
-from model import MODELS, ModelConfig, mean_pool
+from model import MODELS, ModelConfig
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=48)
 TEXT = "Once upon a <mask>, the old <mask> sat by the sea and <mask> at the sky."

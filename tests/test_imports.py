@@ -1,5 +1,5 @@
-"""The top-level modules (*.py at the root and data/*.py) import each other without a cycle, and none of them, nor
-any file under data/ or config/, imports from experiments/ (the research harness).
+"""The modules (*.py at the root and in data/ and the library folders) import each other without a cycle, and none
+of them, nor any file under data/ or config/, imports from experiments/ (the research harness).
 
 A cycle works until someone imports the modules in another order, or imports inside a function (a lazy import
 counts here too: it closes the circle as soon as it runs). The files are parsed, never imported.
@@ -8,6 +8,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+LIBRARIES = ("data", "plumbing", "evaluation", "embeddings")  # the folders of modules the scripts import
 
 
 def module_name(path, root):
@@ -16,8 +17,9 @@ def module_name(path, root):
 
 
 def import_graph(root):
-    """{module: set of the local modules it imports anywhere in its file}, for root/*.py and root/data/*.py."""
-    files = {module_name(p, root): p for p in [*root.glob("*.py"), *root.glob("data/*.py")]}
+    """{module: set of the local modules it imports anywhere in its file}, for root/*.py and the .py files of
+    LIBRARIES."""
+    files = {module_name(p, root): p for p in [*root.glob("*.py"), *(p for d in LIBRARIES for p in root.glob(f"{d}/*.py"))]}
     graph = {}
     for name, path in files.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -60,7 +62,7 @@ def find_cycle(graph):
 
 def test_no_import_cycle():
     graph = import_graph(ROOT)
-    assert {"embed", "probe", "features", "data.tasks"} <= graph.keys()  # it found the files
+    assert {"probe", "evaluation.features", "embeddings.vectors", "plumbing.run", "data.tasks"} <= graph.keys()  # it found the files
     assert "probe" in set().union(*graph.values())  # and the run's lazy import of the probes, inside a function
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
@@ -70,7 +72,7 @@ def script_imports(root, scripts):
     """[(file, module)] for every import of one of `scripts` (root modules) by a .py file of root, data/,
     experiments/ or hf/, lazy imports included."""
     found = []
-    for path in [*root.glob("*.py"), *(p for d in ("data/**", "experiments", "hf") for p in root.glob(f"{d}/*.py"))]:
+    for path in [*root.glob("*.py"), *(p for d in ("data/**", "experiments", "hf", *LIBRARIES) for p in root.glob(f"{d}/*.py"))]:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
@@ -81,33 +83,36 @@ def script_imports(root, scripts):
 def scripts(root):
     """The module names of the files run as `python x.py`: train.py, and every file with a __main__ block, but for
     the two core modules that also have a command line (probe.py's probes and flops.py's counts are libraries)."""
-    files = [*root.glob("*.py"), *(p for d in ("data/**", "experiments", "hf") for p in root.glob(f"{d}/*.py"))]
+    files = [*root.glob("*.py"), *(p for d in ("data/**", "experiments", "hf", "embeddings") for p in root.glob(f"{d}/*.py"))]
     found = {p.relative_to(root).with_suffix("").as_posix().replace("/", ".") for p in files
              if 'if __name__ == "__main__":' in p.read_text()}
-    found |= {name.rsplit(".", 1)[-1] for name in found if name.startswith(("experiments.", "hf."))}  # on sys.path
+    found |= {name.rsplit(".", 1)[-1] for name in found if name.startswith(("experiments.", "hf.", "embeddings."))}
     return found - {"probe", "flops"} | {"train"}
 
 
 def test_scripts_do_not_import_scripts(tmp_path):
-    """What two scripts share lives in a library module (features.py for the evaluators, experiments/runs.py for
+    """What two scripts share lives in a library module (evaluation/ for the evaluators, experiments/runs.py for
     the harness, data/corpus.py for the prepare scripts), so no file imports a script."""
     found = scripts(ROOT)
     assert {"train", "embed", "sample", "export", "bench", "sweep", "data.tinybooks.prepare"} <= found
-    assert not {"probe", "flops", "features", "runs", "report", "data.corpus"} & found
+    assert not {"probe", "flops", "evaluation.features", "embeddings.vectors", "runs", "report", "data.corpus"} & found
     assert script_imports(ROOT, found) == []
     (tmp_path / "sample.py").write_text("def f():\n    from embed import search  # lazy, still an import\n")
     assert script_imports(tmp_path, {"embed"}) == [("sample.py", "embed")]
 
 
-def test_library_modules_import_no_command_line_module():
-    """configurator.py is the command line's: the library modules (checkpoint.py, features.py, data/'s readers) take
-    settings as values, raise errors.UserError and leave the command line to the scripts; only the two core modules
-    with a command line of their own (probe.py, flops.py) read it, in their main()."""
+def test_library_modules_read_no_command_line():
+    """The command line is the scripts': the library modules (plumbing/, evaluation/, embeddings/vectors.py, data/'s
+    readers) take settings as values and raise configurator.UserError, the one rule for bad input, but never call
+    configure(); only the two core modules with a command line of their own (probe.py, flops.py) do, in main()."""
     found = scripts(ROOT) | {"probe", "flops"}
-    importers = {file for file, _ in script_imports(ROOT, {"configurator"})}
-    libraries = {f for f in importers if f.removesuffix(".py").replace("/", ".") not in found
-                 and Path(f).stem not in found}
-    assert "train.py" in importers and libraries == set()
+    callers = set()
+    for path in [*ROOT.glob("*.py"), *(p for d in ("data/**", *LIBRARIES) for p in ROOT.glob(f"{d}/*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module == "configurator" and \
+                    "configure" in [a.name for a in node.names]:
+                callers.add(path.relative_to(ROOT).with_suffix("").as_posix().replace("/", "."))
+    assert "train" in callers and callers <= found, callers - found
 
 
 def test_the_cycle_finder_sees_lazy_and_package_imports(tmp_path):

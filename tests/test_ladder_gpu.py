@@ -12,7 +12,7 @@ from conftest import script_error, tiny_tasks
 from data.loader import load_splits
 from data.pack import pack_corpus, pack_tasks, unpack_corpus, unpack_tasks
 from data.tasks import load_task
-from errors import UserError
+from configurator import UserError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

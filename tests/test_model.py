@@ -361,7 +361,7 @@ def test_model_config_refuses_shapes_no_model_can_have():
 
 
 def test_checkpoints_from_before_the_block_settings_load_as_the_old_block(tmp_path):
-    from checkpoint import load_checkpoint, save_checkpoint
+    from plumbing.checkpoint import load_checkpoint, save_checkpoint
     model = tiny("bert", **OLD_BLOCK)
     args = {k: v for k, v in asdict(model.config).items() if k not in OLD_BLOCK}  # as such checkpoints hold them
     save_checkpoint(tmp_path / "ckpt.pt", dict(model=model.state_dict(), model_type="bert", model_args=args))

@@ -5,8 +5,8 @@ import torch
 
 pytest.importorskip("mteb")
 import embed  # noqa: E402  (after the skip: without mteb there is nothing to test here)
-from errors import UserError  # noqa: E402
-from features import zero_shot_sts  # noqa: E402
+from configurator import UserError  # noqa: E402
+from embeddings.vectors import zero_shot_sts  # noqa: E402
 from model import CrossBERT, ModelConfig  # noqa: E402
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)

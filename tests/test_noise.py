@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import noise
-from checkpoint import save_checkpoint
+from plumbing.checkpoint import save_checkpoint
 from model import CrossBERT, ModelConfig
 from conftest import script_error
 from stats import T95

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-import features
+from evaluation import features
 import probe
-from checkpoint import code_version
+from plumbing.checkpoint import code_version
 from conftest import assert_one_line_error, script_error
 from data.tasks import load_task
 from model import CrossBERT, ModelConfig

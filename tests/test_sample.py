@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import sample
-from checkpoint import load_checkpoint, save_checkpoint
+from plumbing.checkpoint import load_checkpoint, save_checkpoint
 from conftest import assert_one_line_error
 from data.tokenizer import MASK, VOCAB_SIZE, compact_vocab, decode, encode, encode_masked
 from model import MODELS, ModelConfig

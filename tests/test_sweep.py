@@ -15,10 +15,10 @@ import report
 import runs
 import stats
 import sweep
-from checkpoint import code_version, save_checkpoint
+from plumbing.checkpoint import code_version, save_checkpoint
 from conftest import script_error, tiny_tasks
-from errors import user_errors
-from features import random_twin
+from configurator import user_errors
+from evaluation.features import random_twin
 from flops import param_counts, training_flops
 from model import MODELS, make_config
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from configurator import configure
-from checkpoint import code_version, load_checkpoint
+from plumbing.checkpoint import code_version, load_checkpoint
 from conftest import script_error
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -269,7 +269,7 @@ def test_any_process_count_reproduces_one_process(tmp_path, dataset):
 def test_a_peak_measured_on_a_busy_machine_is_measured_again(tmp_path, dataset):
     # the first measurement says 1 FLOP/s (the machine was busy at the start): the run beats it at its first log,
     # measures again, and no logged MFU passes 100%
-    patch = ("import sys, runpy, flops; real = flops.peak_flops; calls = []\n"
+    patch = ("import sys, runpy; import plumbing.throughput as flops; real = flops.peak_flops; calls = []\n"
              "def peak(*a): calls.append(1); return 1.0 if len(calls) == 1 else real(*a)\n"
              "flops.peak_flops = peak; sys.argv = ['train.py'] + sys.argv[1:]; runpy.run_path('train.py', run_name='__main__')")
     out = subprocess.run([sys.executable, "-c", patch, *TINY, f"--dataset={dataset}", f"--out_dir={tmp_path}",
@@ -373,7 +373,8 @@ def test_overwrite_removes_the_old_checkpoint_at_once(tmp_path, dataset, runs):
 SLOW_PROBE = """
 import datetime, runpy, sys, time
 import torch.distributed as dist
-import flops, probe
+import probe
+import plumbing.throughput as flops
 # a short timeout for the default group, and no peak measurement: the processes' own matmuls can end seconds apart on
 # a busy machine, and the first collective after them would time out before any probe ran
 init = dist.init_process_group
@@ -474,7 +475,7 @@ def test_a_cpu_run_is_the_plain_loop_bit_for_bit(runs, dataset):
 
 
 def test_a_seed_changes_the_data_and_the_init_and_nothing_else(tmp_path, dataset):
-    from features import random_twin
+    from evaluation.features import random_twin
     # a learning rate of 1e-12 leaves the weights where they started: the initial weights of each seed
     args = ["--max_iters=2", "--eval_interval=2", "--total_batch_size=64", "--learning_rate=1e-12", "--min_lr=1e-12",
             "--dtype=float32"]

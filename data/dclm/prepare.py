@@ -10,9 +10,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
-from configurator import configure
+from configurator import configure, fail
 from data import corpus
-from errors import fail
 
 # corpus.SETTINGS, with this corpus's defaults
 DEFAULTS = {**corpus.SETTINGS, "dataset": "mlfoundations/dclm-baseline-1.0", "max_tokens": 10**9, "val_every": 1000,

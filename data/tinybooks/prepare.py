@@ -9,9 +9,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # the repo root
-from configurator import configure
+from configurator import configure, user_errors
 from data.corpus import TINYBOOKS, prepare_tinybooks
-from errors import user_errors
 
 settings = dict(
     out_dir=TINYBOOKS,        # where train.bin, val.bin and meta.json go

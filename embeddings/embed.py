@@ -46,13 +46,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from configurator import configure
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
+from configurator import UserError, configure, user_errors
 from data.pairs import pair_stream
 from data.tasks import read_beir, read_sts
-from errors import UserError, check_writable, optional, user_errors
-from features import (MODEL_SETTINGS, check_model_settings, embed_texts, eval_sts, load_model, load_pooler, pad,
-                      read_texts, save_pooler, search)
-from model import POOLERS
+from plumbing.checks import check_writable, optional
+from embeddings.vectors import POOLERS, embed_texts, eval_sts, load_pooler, read_texts, save_pooler, search
+import evaluation.features as features_module
+from evaluation.features import MODEL_SETTINGS, check_model_settings, load_model, pad
 
 settings = dict(
     **MODEL_SETTINGS,
@@ -252,8 +253,8 @@ def mteb_scores(model, pooler, tasks, out_dir, name, revision):
 # Command line
 
 def main(argv=None):
-    # --help: this docstring, and each setting's comment, here or (the backbone's) in features.py
-    s = configure(settings, argv, help_from=[__file__, os.path.join(os.path.dirname(__file__), "features.py")])
+    # --help: this docstring, and each setting's comment, here or (the backbone's) in evaluation/features.py
+    s = configure(settings, argv, help_from=[__file__, features_module.__file__])
     with user_errors("embed.py"):
         check(s)
         if s["texts"]:

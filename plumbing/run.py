@@ -1,127 +1,32 @@
 """
-Checkpoint files, and the training runs that write and resume them: train.py writes them, the evaluation scripts and
-the experiments read them.
-
-A checkpoint is a dict holding the weights (model), model_type and model_args (the ModelConfig as a dict),
-and what train.py adds to resume a run exactly: the optimizer state, the run settings, the step, tokens and
-FLOPs so far, and every process's RNG state. Weights and optimizer state are full (unsharded) state dicts keyed by
-parameter name, so any script reads any run's checkpoint, and a run resumes with or without FSDP.
-
-For train.py: check_run() checks a run's settings against each other, the machine, its out_dir and the checkpoint it
-resumes, before anything is built or written; run_state() and restore() move a run's state in and out of a
-checkpoint, and save_snapshot() keeps its weights along the way; start_log() opens its log; probe_run() runs its
-frozen probes; Signals ends it cleanly: Ctrl-C in one line, and a cluster's preemption (SIGTERM, SIGUSR1) with the
-step in flight saved and exit status PREEMPTED, after which --init_from=resume continues it exactly.
+A training run's plumbing, for train.py: its settings checked before anything is built or written (check_run), the
+wait for the master of a multi-node run, its log (and wandb), its frozen probes, a stop on a non-finite loss, and its
+end: Ctrl-C in one line, and a cluster's preemption (SIGTERM, SIGUSR1) with the step in flight saved and exit status
+PREEMPTED, after which --init_from=resume continues it exactly.
 """
-import functools
 import gc
-import glob
-import hashlib
 import json
 import os
 import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
 
+from configurator import UserError
 from data.tasks import GLUE, load_task
-from errors import UserError, at_least, check_device, check_writable, interrupt_hook
-from model import MODELS, ModelConfig, make_config
+from model import make_config
+from plumbing.checkpoint import model_state, read_checkpoint
+from plumbing.checks import at_least, check_device, check_writable
 
 # settings a resumed run may change; any other difference would break "resume continues exactly"
 RESUMABLE = {"init_from", "out_dir", "max_iters", "max_flops", "eval_interval", "eval_iters", "log_interval",
              "probe_interval", "probe_tasks", "probe_glue_dir", "probe_max_train", "compile", "device", "batch_size",
              "fsdp", "overwrite", "join_timeout", "snapshots", "wandb_log", "wandb_project", "wandb_run_name"}
 
-# checkpoints written before the block's parts were settings hold this block (a plain GELU MLP, nothing else)
-BLOCK_BEFORE = dict(mlp="gelu", emb_norm=False, lm_head=False, decoder_bias=False)
-
-
-@functools.lru_cache(maxsize=None)
-def code_version():
-    """The code a result comes from, recorded in every checkpoint and log so that a number can be tied to it:
-    {"commit": git's HEAD, "dirty": whether tracked files differ from it} in a git checkout, else (a copy without
-    .git) {"sha256": a hash of the root .py files, the code that trains and evaluates}."""
-    root = os.path.dirname(os.path.abspath(__file__))
-    try:
-        git = lambda *args: subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, timeout=10,
-                                           check=True).stdout.strip()
-        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
-    except (OSError, subprocess.SubprocessError):  # no git, or not a checkout
-        digest = hashlib.sha256()
-        for path in sorted(glob.glob(os.path.join(root, "*.py"))):
-            digest.update(os.path.basename(path).encode() + b"\0")
-            with open(path, "rb") as f:
-                digest.update(f.read())
-        return {"sha256": digest.hexdigest()}
-
-
-def save_checkpoint(path, ckpt):
-    """Write the dict ckpt to path atomically: a crash mid-write leaves the previous checkpoint intact, and a Ctrl-C
-    mid-write is held until the new file is in place (then raised), so an interrupt never loses the step."""
-    tmp = f"{path}.tmp"
-    interrupted = []
-    hold = threading.current_thread() is threading.main_thread()  # only the main thread may set signal handlers
-    if hold:
-        previous = signal.signal(signal.SIGINT, lambda *_: interrupted.append(True))
-    try:
-        with open(tmp, "wb") as f:  # opened here, so a path or disk problem is an OSError (torch.save's own is not)
-            torch.save(ckpt, f)
-        os.replace(tmp, path)
-    except BaseException as e:  # no half-written file is left behind
-        if os.path.lexists(tmp) and not os.path.isdir(tmp):
-            os.remove(tmp)
-        if isinstance(e, OSError) and e.filename is None:  # a failed write does not name its file
-            e.filename = tmp
-        raise
-    finally:
-        if hold:
-            signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
-    if interrupted:
-        raise KeyboardInterrupt
-
-
-def read_checkpoint(path, device="cpu"):
-    """The checkpoint dict at path, checked: a missing, empty, truncated or foreign file, or non-finite weights,
-    is a UserError that names the problem and the fix."""
-    if not os.path.isfile(path):
-        raise UserError(f"{path}: no such checkpoint; train one with `python train.py` or check the path")
-    if os.path.getsize(path) == 0:
-        raise UserError(f"{path} is empty (0 bytes): a copy or a disk went wrong; restore it or train again")
-    try:
-        ckpt = torch.load(path, map_location=device, weights_only=True)
-    except Exception as e:
-        raise UserError(f"{path} is truncated or not a checkpoint written by train.py ({type(e).__name__}); "
-                        "pass the ckpt.pt from a training run's out_dir") from None
-    if not isinstance(ckpt, dict) or not {"model", "model_type", "model_args"} <= ckpt.keys():
-        raise UserError(f"{path} is not a checkpoint written by train.py (no model/model_type/model_args); "
-                        "pass the ckpt.pt from a training run's out_dir")
-    ckpt["model_args"] = {**BLOCK_BEFORE, **ckpt["model_args"]}
-    bad = [k for k, v in ckpt["model"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
-    if bad:
-        raise UserError(f"{path} holds non-finite weights ({', '.join(bad[:3])}): it is corrupted or its run "
-                        "diverged; restore it or resume from an earlier checkpoint")
-    return ckpt
-
-
-def load_checkpoint(path, device="cpu"):
-    """(model in eval mode, checkpoint dict) from a checkpoint file written by train.py."""
-    ckpt = read_checkpoint(path, device)
-    # older checkpoints have model_type at the top level only, not in model_args
-    config = ModelConfig(**{**ckpt["model_args"], "model_type": ckpt["model_type"]})
-    model = MODELS[config.model_type](config)
-    model.load_state_dict(ckpt["model"])
-    return model.to(device).eval(), ckpt
-
-
-# -----------------------------------------------------------------------------
-# Training runs (train.py)
 
 def check_run(s, world_size):
     """(ModelConfig, the checkpoint to resume or None) of train.py's settings s on world_size processes, once every
@@ -199,65 +104,6 @@ def reach_master(seconds):
             time.sleep(1)
 
 
-def full_state_options():
-    """Full (unsharded) state dicts on the CPU: FSDP's shards are gathered, on every process (a collective)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions  # imported here: it is slow, and only
-    return StateDictOptions(full_state_dict=True, cpu_offload=True)          # training needs it
-
-
-def model_state(model):
-    """The model's full state dict on the CPU; every process calls it (gathering FSDP's shards is a collective)."""
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
-    return get_model_state_dict(model, options=full_state_options())
-
-
-def run_state(model, optimizer, device):
-    """A run's state, for its checkpoint: the model's and optimizer's full state dicts and every process's RNG
-    state (dropout's; the data has its own). Every process calls it; only rank 0's copy is complete."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-    rng = [torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()]
-    if dist.is_initialized():  # every rank's dropout stream, so a resume continues each exactly
-        mine = rng[0].to(device)  # nccl gathers GPU tensors only
-        rng = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-        dist.all_gather(rng, mine)
-        rng = [r.cpu() for r in rng]
-    return {"model": model_state(model), "rng": rng, "rng_device": device.type,
-            "optimizer": get_optimizer_state_dict(model, optimizer, options=full_state_options())}
-
-
-def restore(ckpt, model, optimizer, rank, device):
-    """Copy a checkpoint's state into the model (sharded or not), the optimizer and this process's RNG; False when the
-    RNG state is another device type's (CUDA and CPU generator states do not convert), so dropout starts afresh."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
-    set_model_state_dict(model, ckpt["model"], options=full_state_options())
-    set_optimizer_state_dict(model, optimizer, ckpt["optimizer"], options=full_state_options())
-    if ckpt.get("rng_device", device.type) != device.type:
-        return False
-    state = ckpt["rng"][rank % len(ckpt["rng"])].cpu()
-    torch.cuda.set_rng_state(state, device) if device.type == "cuda" else torch.set_rng_state(state)
-    return True
-
-
-def stop_non_finite(step, what, value, ckpt_path, s):
-    """Stop a run whose loss (`what`) is not finite, saving nothing: the last checkpoint holds finite weights."""
-    saved = f"resume from {ckpt_path} (--init_from=resume)" if os.path.exists(ckpt_path) else "no checkpoint was written"
-    raise UserError(f"step {step}: {what} is {value}; stopping without saving. {saved}, and try a lower learning_rate "
-                    f"(now {s['learning_rate']}), a lower init_std (now {s['init_std']}), or grad_clip")
-
-
-def save_snapshot(out_dir, model, record):
-    """The model's weights alone, with `record` (its run, step and val loss): out_dir/snapshots/stepNNNNNN.pt, read like
-    a checkpoint by load_checkpoint and probe.py (no optimizer state: a point to probe, not to resume). Every process
-    calls it (FSDP gathers its shards); rank 0 writes it, and returns its path."""
-    state = model_state(model)
-    if dist.is_initialized() and dist.get_rank() > 0:
-        return None
-    path = os.path.join(out_dir, "snapshots", f"step{record['step']:06d}.pt")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    save_checkpoint(path, {"model": state, **record})
-    return path
-
-
 def start_log(out_dir, resumed_step=None, wandb_run=None):
     """write(record): a run's records, one JSON object a line appended to out_dir/log.jsonl, and sent live to wandb_run
     (at the record's step) if given. A scratch run starts the log empty, so that records never mix across runs, and
@@ -304,10 +150,31 @@ def probe_run(probe, model, s, device, group):
     return scores
 
 
+def stop_non_finite(step, what, value, ckpt_path, s):
+    """Stop a run whose loss (`what`) is not finite, saving nothing: the last checkpoint holds finite weights."""
+    saved = f"resume from {ckpt_path} (--init_from=resume)" if os.path.exists(ckpt_path) else "no checkpoint was written"
+    raise UserError(f"step {step}: {what} is {value}; stopping without saving. {saved}, and try a lower learning_rate "
+                    f"(now {s['learning_rate']}), a lower init_std (now {s['init_std']}), or grad_clip")
+
+
 # -----------------------------------------------------------------------------
 # How a run ends: finished, interrupted (Ctrl-C) or preempted (SIGTERM, SIGUSR1)
 
+def interrupt_hook(script, where):
+    """Ctrl-C ends in one line, `<script>: <where()>` (what was saved, and how to go on), with no traceback. Other
+    exceptions go on to the hook that was there before."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        if not issubclass(kind, KeyboardInterrupt):
+            return previous(kind, value, tb)
+        print(f"{script}: {where()}", file=sys.stderr)
+    sys.excepthook = hook
+
+
 PREEMPTED = 75  # EX_TEMPFAIL (sysexits.h): not done and not failed, "try again": a job script can tell it from a
+
+
                 # finished run (0), a crash (1) and bad input (2), and requeue the same command with --init_from=resume
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
