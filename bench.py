@@ -28,11 +28,11 @@ from contextlib import nullcontext
 
 import torch
 
-from configurator import UserError, configure, user_errors
+from configurator import UserError, configure, make_config, user_errors
 from plumbing.checks import at_least, check_device
 from flops import design, flops_per_position
 from plumbing.throughput import checked_peak, fastest_dtype, peak_flops, peak_from_table, time_steps
-from model import MODELS, make_config
+from model import MODELS
 
 settings = dict(
     n_layer=8, n_head=8, n_embd=512, block_size=256,  # the shape of the three models (ModelConfig's settings)

@@ -20,6 +20,7 @@ import sys
 import tokenize
 import traceback
 from contextlib import contextmanager
+from dataclasses import fields
 from pathlib import Path
 
 
@@ -202,3 +203,11 @@ def configure(defaults, argv, types=None, help_from=()):
                 if not key.startswith("_"):
                     set_key(key, value, arg)
     return config
+
+
+def make_config(settings):
+    """The checked ModelConfig of a script's settings: a dict holding some of its fields (other keys are ignored);
+    vocab_size 0 is GPT-2's full vocabulary. A shape no model can have is a ValueError that names the setting."""
+    from model import ModelConfig  # imported here: the library modules that raise UserError need no torch
+    args = {f.name: settings[f.name] for f in fields(ModelConfig) if f.name in settings}
+    return ModelConfig(**{**args, "vocab_size": args.get("vocab_size") or 50304})

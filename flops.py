@@ -18,8 +18,8 @@ from dataclasses import replace
 
 
 def mlp_params(config):
-    """The MLP's weights: fc (a value and, for geglu, a gate) and proj."""
-    return (3 if config.mlp == "geglu" else 2) * config.n_embd * config.mlp_hidden
+    """The MLP's weights: fc (a value and a gate) and proj."""
+    return 3 * config.n_embd * config.mlp_hidden
 
 
 def self_block_flops(config, S):
@@ -39,7 +39,7 @@ def cross_block_flops(config, Q, S):
 def lm_head_flops(config, M):
     """Forward FLOPs of the LM head at M positions: the prediction head's dense, then the tied decoder."""
     C = config.n_embd
-    return 2 * M * C * C * config.lm_head + 2 * M * C * config.vocab_size
+    return 2 * M * C * C + 2 * M * C * config.vocab_size
 
 
 def forward_flops(config, model_type):
@@ -53,7 +53,7 @@ def forward_flops(config, model_type):
         per_view = L * self_block_flops(config, K) + config.pred_layer * cross_block_flops(config, M, K) + head
     else:  # ELECTRA: the generator (projections in at T positions and out at M, its blocks, the LM head), then the
         # discriminator over all T positions and its one-logit RTD head
-        G = config.gen_embd
+        G = config.gen_config.n_embd
         generator = 2 * T * C * G + config.gen_layer * self_block_flops(config.gen_config, T) + 2 * M * G * C + head
         per_view = generator + L * self_block_flops(config, T) + 2 * T * C
     return V * per_view
@@ -93,11 +93,11 @@ def param_counts(config, model_type):
     C = config.n_embd
     block = lambda cfg: 4 * cfg.n_embd ** 2 + mlp_params(cfg) + 2 * cfg.n_embd  # attention, MLP, two bias-free norms
     body = config.n_layer * block(config) + C  # + final norm
-    body += C * config.emb_norm + (C * C + C) * config.lm_head + config.vocab_size * config.decoder_bias
+    body += C + (C * C + C) + config.vocab_size  # the embeddings' norm, the prediction head, the decoder's bias
     if model_type == "crossbert":
         body += config.pred_layer * block(config) + C + C  # predictor, its norm, the mask query
     if model_type == "electra":
-        G = config.gen_embd
+        G = config.gen_config.n_embd
         body += 2 * C * G + config.gen_layer * block(config.gen_config) + G  # projections, generator blocks, its norm
         body += C + 1  # the RTD head
     return body + config.vocab_size * C, body
@@ -182,7 +182,7 @@ def main(argv):
             "mask ratio / views": f"{cfg.mask_ratio} / {V}",
             "encoder tokens per view": K if model_type == "crossbert" else cfg.block_size,
             "predicted per view": M,
-            "generator width x depth": f"{cfg.gen_embd} x {cfg.gen_layer}" if model_type == "electra" else "-",
+            "generator width x depth": f"{cfg.gen_config.n_embd} x {cfg.gen_layer}" if model_type == "electra" else "-",
             "params (M)": f"{total / 1e6:.2f}",
             "non-embedding params (M)": f"{body / 1e6:.2f}",
             "train GFLOPs per row": f"{training_flops(cfg, model_type) / 1e9:.3f}",

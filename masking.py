@@ -1,5 +1,6 @@
 """
-Which positions each view of a sequence sees, and which it predicts.
+Which positions each view of a sequence sees, and which it predicts; and what stands at the predicted positions:
+BERT's corruption, ELECTRA's replacements.
 
 Everything here returns index tensors of fixed shape, so a model can gather with
 them and torch.compile sees static shapes (no boolean masks with ragged rows).
@@ -44,11 +45,12 @@ def view_shape(block_size, mask_ratio, cms):
     """
     T, m = block_size, mask_ratio
     if not 0 < m < 1:
-        raise ValueError(f"mask_ratio must be strictly between 0 and 1, got {m}")
+        raise ValueError(f"mask_ratio={m}: must be strictly between 0 and 1")
     if not cms:
         M = round(m * T)
         if not 0 < M < T:
-            raise ValueError(f"mask_ratio={m} masks {M} of {T} positions; pick a ratio that masks at least one and keeps one")
+            raise ValueError(f"mask_ratio={m} masks {M} of {T} positions; pick a ratio that masks at least one and "
+                             "keeps one")
         return 1, T - M, M
     V = round(1 / min(m, 1 - m))
     realised = 1 - 1 / V if m >= 0.5 else 1 / V
@@ -93,6 +95,15 @@ def corrupt(idx, target_pos, mask_id, u=None, noise=None):
     if u is not None:
         fill = torch.where(u < 0.8, fill, torch.where(u < 0.9, noise, idx.gather(1, target_pos)))
     return idx.scatter(1, target_pos, fill)
+
+
+def replace_tokens(idx, target_pos, logits, u):
+    """idx (N, T) with a sample of softmax(logits) (N, M, vocab) at target_pos (N, M), drawn by inverse CDF from u
+    (N, M), and where the token now differs from the original (a sample equal to it counts as original)."""
+    cdf = torch.softmax(logits, -1, dtype=torch.float32).cumsum_(-1)
+    sampled = torch.searchsorted(cdf, (u * cdf[..., -1])[..., None]).squeeze(-1)  # u < 1: always below vocab
+    replaced = idx.scatter(1, target_pos, sampled)
+    return replaced, replaced != idx
 
 
 def draws_of_rows(draws, rows, n_views):

@@ -20,7 +20,6 @@ Without --glue_dir, GLUE comes from the hub (nyu-mll/glue); data/tasks.py reads 
 features and the metrics. train.py (probe_tasks) and experiments/ call the probes below.
 """
 import json
-import os
 import time
 
 import numpy as np

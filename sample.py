@@ -17,7 +17,7 @@ encoder's mean-pooled last-layer features (embed.py's zero-shot embeddings); lin
 import numpy as np
 import torch
 
-from plumbing.checkpoint import load_checkpoint
+from evaluation.features import load_backbone
 from configurator import UserError, configure, user_errors
 from data.tokenizer import EOT, MASK, decode, encode, encode_masked
 from plumbing.checks import at_least, check_device
@@ -42,15 +42,16 @@ HOW = {"bert": "BERT reads the text with <mask> at the targets; its LM head fill
        "electra": "the generator (a narrow BERT) reads the text with <mask> at the targets and fills them"}
 
 
-def row_texts(model):
+def row_texts(backbone):
     """row_text(row): the text an embedding row stands for (a compact vocabulary's <unk> is the row of every rare
     id)."""
-    if model.vocab_map is None:
-        ids = np.arange(model.config.vocab_size)
+    V = backbone.config.vocab_size
+    if backbone.vocab_map is None:
+        ids = np.arange(V)
     else:
-        rows = model.vocab_map[:EOT + 1].cpu().numpy()  # the row of each text id
-        alone = np.bincount(rows, minlength=model.config.vocab_size)[rows] == 1
-        ids = np.full(model.config.vocab_size, -1)
+        rows = backbone.vocab_map[:EOT + 1].cpu().numpy()  # the row of each text id
+        alone = np.bincount(rows, minlength=V)[rows] == 1
+        ids = np.full(V, -1)
         ids[rows[alone]] = np.flatnonzero(alone)
     return lambda row: decode([ids[row]]) if ids[row] >= 0 else "<unk>"
 
@@ -76,13 +77,12 @@ def checked(ids, block_size, what):
 
 
 @torch.inference_mode()
-def fills(model, ids, views):
+def fills(backbone, ids, views):
     """The model's fills at each view's targets, as probabilities (N, M, rows) over the embedding rows a text can
     hold (those below <mask>, as ELECTRA samples); ids: the text's GPT-2 ids."""
-    device = model.wte.weight.device
-    views = views.to(device)
-    idx = model.vocab_ids(torch.tensor([ids], device=device))[views.rows]
-    return torch.softmax(model.fill(idx, views)[..., :model.config.mask_token_id].float(), dim=-1)
+    views = views.to(backbone.model.wte.weight.device)
+    idx = backbone.ids(torch.tensor([ids], device=views.rows.device))[views.rows]
+    return torch.softmax(backbone.model.fill(idx, views)[..., :backbone.config.mask_token_id].float(), dim=-1)
 
 
 def top(probs, k, row_text):
@@ -114,12 +114,12 @@ def cut(ids, config, seed):
                         "rest: pass a longer text") from None
 
 
-def fill_masks(model, text, ids, k, row_text):
+def fill_masks(backbone, text, ids, k, row_text):
     """--text: the top-k fills of each <mask>, with their probabilities. Returns {each <mask>'s position: its top
     fill, an embedding row}."""
     where = [i for i, t in enumerate(ids) if t == MASK]
     seen = [i for i in range(len(ids)) if i not in where]
-    probs = fills(model, ids, Views(torch.zeros(1, dtype=torch.long), torch.tensor([seen]), torch.tensor([where])))[0]
+    probs = fills(backbone, ids, Views(torch.zeros(1, dtype=torch.long), torch.tensor([seen]), torch.tensor([where])))[0]
     print(text)
     for j, p in enumerate(probs, 1):
         print(f"<mask> {j}: {top(p, k, row_text)}")
@@ -127,26 +127,26 @@ def fill_masks(model, text, ids, k, row_text):
 
 
 @torch.inference_mode()
-def detect(model, text, ids, k, row_text):
+def detect(backbone, text, ids, k, row_text):
     """--detect (ELECTRA): the discriminator's probability that each token of the text was replaced, its <mask>s
     filled first by the generator (its top fill, where training samples one)."""
-    filled = fill_masks(model, text, ids, k, row_text) if MASK in ids else {}
-    rows = model.vocab_ids(torch.tensor(ids, device=model.wte.weight.device))
+    filled = fill_masks(backbone, text, ids, k, row_text) if MASK in ids else {}
+    rows = backbone.ids(torch.tensor(ids, device=backbone.model.wte.weight.device))
     for pos, row in filled.items():
         rows[pos] = row
-    p = torch.sigmoid(model.discriminate(rows[None]))[0].tolist()
+    p = torch.sigmoid(backbone.model.discriminate(rows[None]))[0].tolist()
     print("the discriminator's probability that each token was replaced:")
     for pos, (t, q) in enumerate(zip(ids, p)):
         word = shown(row_text(filled[pos]) if pos in filled else decode([t]))
         print(f"  {q:.3f}  {word}" + ("   <- replaced?" if q > 0.5 else ""))
 
 
-def show_views(model, ids, views, k, row_text):
+def show_views(backbone, ids, views, k, row_text):
     """--views: what each view's model sees of the text, and its fills at the other positions with the true token's
     rank. Returns the ranks, in the order printed."""
-    cfg = model.config
-    probs = fills(model, ids, views)
-    true_rows = model.vocab_ids(torch.tensor(ids, device=probs.device))
+    cfg = backbone.config
+    probs = fills(backbone, ids, views)
+    true_rows = backbone.ids(torch.tensor(ids, device=probs.device))
     words = [decode([t]) for t in ids]
     ranks = []
     print(f"{len(ids)} tokens, {len(views.rows)} view(s), mask ratio {cfg.mask_ratio:g}" +
@@ -164,11 +164,11 @@ def show_views(model, ids, views, k, row_text):
     return ranks
 
 
-def neighbours(model, path, lines, query, k):
+def neighbours(backbone, path, lines, query, k):
     """--neighbours: the k lines (line number, text) nearest to the query, by cosine similarity of the encoder's
     embeddings."""
-    d = embed_texts(model, None, [t for _, t in lines])
-    q = embed_texts(model, None, [query])
+    d = embed_texts(backbone, None, [t for _, t in lines])
+    q = embed_texts(backbone, None, [query])
     hits = search(q, d, min(k, len(lines)), torch.tensor([-1]))[0]
     print(f"the {len(hits)} lines of {path} ({len(lines):,} texts) nearest to the query, by cosine similarity:")
     for r in hits.tolist():
@@ -192,10 +192,10 @@ def main(argv=None):
 
 def run(s):
     try:
-        model, ckpt = load_checkpoint(s["ckpt"], s["device"])
+        backbone, ckpt = load_backbone(s["ckpt"], s["device"])
     except ValueError as e:  # a shape no model can have, in a checkpoint's settings
         raise UserError(str(e)) from None
-    cfg = model.config
+    cfg = backbone.config
     if s["detect"] and cfg.model_type != "electra":
         raise UserError(f"--detect asks ELECTRA's discriminator, and {s['ckpt']} holds a {cfg.model_type} model: pass "
                         "an ELECTRA checkpoint (python train.py config/tiny_electra.py)")
@@ -207,17 +207,17 @@ def run(s):
     else:
         checked(encode(s["query"]), cfg.block_size, "--query")
         lines = [(n, t) for n, t in enumerate(read_texts(s["neighbours"], "text", "--neighbours"), 1) if t.strip()]
-    row_text = row_texts(model)
+    row_text = row_texts(backbone)
     print(f"{cfg.model_type} {cfg.n_layer} x {cfg.n_embd}" + (f", step {ckpt['step']}" if "step" in ckpt else "") +
           f" ({s['ckpt']})" + ("" if s["neighbours"] else f": {HOW[cfg.model_type]}"))
     if s["detect"]:
-        detect(model, s["text"], ids, s["top_k"], row_text)
+        detect(backbone, s["text"], ids, s["top_k"], row_text)
     elif s["text"]:
-        fill_masks(model, s["text"], ids, s["top_k"], row_text)
+        fill_masks(backbone, s["text"], ids, s["top_k"], row_text)
     elif s["views"]:
-        show_views(model, ids, views, s["top_k"], row_text)
+        show_views(backbone, ids, views, s["top_k"], row_text)
     else:
-        neighbours(model, s["neighbours"], lines, s["query"], s["top_k"])
+        neighbours(backbone, s["neighbours"], lines, s["query"], s["top_k"])
 
 
 if __name__ == "__main__":

@@ -98,14 +98,16 @@ def pack_tasks(spec, max_train, out_dir):
         for folder in task_list(spec):
             name = os.path.basename(os.path.normpath(folder))
             os.makedirs(os.path.join(tmp, name))
+            full = load_task(folder, max_train=max_train)
             for split in ("train", "dev"):
                 table = read_tsv(os.path.join(folder, f"{split}.tsv"))
                 rows = list(zip(*table.values()))
-                if split == "train" and 0 < max_train < len(rows):  # the rows load_task keeps, in their order
-                    rows = [rows[i] for i in train_subset(len(rows), max_train)]
+                if split == "train" and 0 < max_train < len(rows):  # the rows load_task keeps, every class among them
+                    labels = table["label"] if full["classes"] else None
+                    rows = [rows[i] for i in train_subset(len(rows), max_train, labels=labels)]
                 with open(os.path.join(tmp, name, f"{split}.tsv"), "w") as f:
                     f.writelines("\t".join(row) + "\n" for row in [tuple(table), *rows])
-            full, small = load_task(folder, max_train=max_train), load_task(os.path.join(tmp, name), max_train=max_train)
+            small = load_task(os.path.join(tmp, name), max_train=max_train)
             if any(full[k] != small[k] for k in ("classes", "metrics")) or any(
                     full[s][0] != small[s][0] or not np.array_equal(full[s][1], small[s][1]) for s in ("train", "dev")):
                 raise UserError(f"{folder}: its packed copy does not read back as the same task")

@@ -153,7 +153,7 @@ def folder_task(folder):
 
 def task_list(spec):
     """Task names or folders from a comma-separated list, where a folder without train.tsv stands for its subfolders
-    (e.g. ../shared/devtasks)."""
+    (e.g. DIR/devtasks)."""
     out = []
     for t in filter(None, spec.split(",")):
         is_parent = os.path.isdir(t) and not os.path.exists(os.path.join(t, "train.tsv"))
@@ -161,15 +161,24 @@ def task_list(spec):
     return out
 
 
-def train_subset(n, max_train, seed=1337):
-    """The indices, in order, of the seeded random subset of max_train (< n) training examples that load_task keeps."""
-    return np.sort(np.random.default_rng(seed).permutation(n)[:max_train])
+def train_subset(n, max_train, seed=1337, labels=None):
+    """The indices, in order, of the seeded random subset of max_train (< n) training examples that load_task keeps.
+    With a classification task's labels, each class keeps its first row in the seeded order (so no dev label is missing
+    because of the subset) and the next rows of that order fill the rest: a subset that had every class is unchanged."""
+    order = np.random.default_rng(seed).permutation(n)
+    if labels is None:
+        return np.sort(order[:max_train])
+    keep = np.zeros(n, bool)
+    keep[np.unique(np.asarray(labels)[order], return_index=True)[1]] = True  # each class's first place in the order
+    keep[np.flatnonzero(~keep)[:max(0, max_train - keep.sum())]] = True
+    return np.sort(order[keep])
 
 
 def load_task(name, glue_dir=None, max_train=0, seed=1337):
     """A GLUE task by name, or a user's task by folder path: dict(name, classes, metrics, train, dev).
 
-    train and dev are (texts, labels); max_train > 0 keeps a random subset of train (seeded).
+    train and dev are (texts, labels); max_train > 0 keeps a random subset of train (seeded), with every class of
+    train in it (train_subset).
     """
     glue_name = {k.upper(): k for k in GLUE}.get(name.upper())
     if glue_name:
@@ -189,7 +198,7 @@ def load_task(name, glue_dir=None, max_train=0, seed=1337):
                         f"need ({'one per class' if classes else 'one to fit, one held out'}); pass at least {need}, "
                         "or 0 for all of train")
     if 0 < max_train < len(labels):
-        keep = train_subset(len(labels), max_train, seed)
+        keep = train_subset(len(labels), max_train, seed, labels if classes else None)
         data["train"] = [texts[i] for i in keep], labels[keep]
     name = glue_name or os.path.basename(os.path.normpath(name))
     return dict(name=name, classes=classes, metrics=metrics, **data)

@@ -236,7 +236,7 @@ def mteb_scores(model, pooler, tasks, out_dir, name, revision):
 
     class Encoder(AbsEncoder):  # mteb's encoder protocol: unit-norm embeddings
         mteb_model_meta = ModelMeta.create_empty(dict(
-            name=name, revision=revision, embed_dim=model.config.n_embd, n_parameters=model.num_params(),
+            name=name, revision=revision, embed_dim=model.config.n_embd, n_parameters=model.model.num_params(),
             max_tokens=model.config.block_size, similarity_fn_name=ScoringFunction.COSINE, framework=["PyTorch"]))
 
         def encode(self, inputs, *, task_metadata, hf_split, hf_subset, prompt_type=None, **kwargs):
@@ -304,7 +304,7 @@ def run(s):
     model_type, cfg = info["model_type"], model.config
     if s["pairs"] and next(pair_stream(s["pairs"], s["seed"], cfg.block_size), None) is None:
         raise UserError(f"--pairs={s['pairs']}: no pairs there")  # checked now, not after the zero-shot evaluation
-    print(f"{model_type} {cfg.n_layer}x{cfg.n_embd}, {model.num_params() / 1e6:.1f}M params", file=sys.stderr)
+    print(f"{model_type} {cfg.n_layer}x{cfg.n_embd}, {model.model.num_params() / 1e6:.1f}M params", file=sys.stderr)
 
     rows = []
     for name in ["zero-shot"] + ["frozen"] * bool(s["pairs"]) + ["unfrozen"] * s["unfreeze"]:

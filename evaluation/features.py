@@ -7,11 +7,12 @@ import sys
 
 import numpy as np
 import torch
+import torch.nn as nn
 from tqdm import tqdm
 
-from configurator import UserError
+from configurator import UserError, make_config
 from data.tokenizer import EOT, PAD, encode_batch
-from model import MODELS, ModelConfig, make_config
+from model import MODELS, ModelConfig
 from plumbing.checkpoint import code_version, load_checkpoint
 from plumbing.checks import check_device
 
@@ -52,14 +53,35 @@ def check_model_settings(s):
             raise UserError(str(e)) from None
 
 
-def random_twin(model, seed=0):
-    """A model of the same shape and vocabulary map as `model`, on its device, with fresh random weights: the
-    baseline a trained model must beat (a compact vocabulary sends rare ids to <unk> for both)."""
+class Backbone(nn.Module):
+    """A model and the vocabulary map its data was read through: encode() takes GPT-2 ids (<pad> included), as the
+    evaluators tokenise, and ids() maps them to the model's (a compact vocabulary sends rare ids to <unk>)."""
+
+    def __init__(self, model, vocab_map=None):
+        super().__init__()
+        self.model, self.config = model, model.config
+        self.register_buffer("vocab_map", None if vocab_map is None else torch.as_tensor(vocab_map).long(),
+                             persistent=False)
+
+    def ids(self, idx):
+        return idx if self.vocab_map is None else self.vocab_map.to(idx.device)[idx]
+
+    def encode(self, idx, attention_mask=None, layers=None):
+        return self.model.encode(self.ids(idx), attention_mask, layers)
+
+
+def load_backbone(path, device="cpu"):
+    """(Backbone in eval mode, checkpoint dict) of a checkpoint file written by train.py."""
+    model, ckpt = load_checkpoint(path, device)
+    return Backbone(model, ckpt["vocab_map"]).to(device).eval(), ckpt
+
+
+def random_twin(backbone, seed=0):
+    """The baseline a trained backbone must beat: the same shape and vocabulary map, on its device, with fresh random
+    weights (a compact vocabulary sends rare ids to <unk> for both)."""
     torch.manual_seed(seed)
-    twin = type(model)(model.config).to(next(model.parameters()).device)
-    if model.vocab_map is not None:
-        twin.vocab_map.copy_(model.vocab_map)
-    return twin.eval()
+    twin = type(backbone.model)(backbone.config)
+    return Backbone(twin, backbone.vocab_map).to(next(backbone.parameters()).device).eval()
 
 
 def load_model(s):
@@ -67,15 +89,15 @@ def load_model(s):
     description says what the model is, and the code it comes from."""
     try:
         if s["ckpt"] == "random" and s["like"]:
-            model = random_twin(load_checkpoint(s["like"], device=s["device"])[0], s["seed"])
+            model = random_twin(load_backbone(s["like"], device=s["device"])[0], s["seed"])
             return model, dict(ckpt="random", like=s["like"], model_type=model.config.model_type,
                                model_args=vars(model.config), seed=s["seed"], code=code_version())
         if s["ckpt"] == "random":
             torch.manual_seed(s["seed"])
-            model = MODELS[s["model_type"]](make_config(s)).to(s["device"]).eval()
+            model = Backbone(MODELS[s["model_type"]](make_config(s))).to(s["device"]).eval()
             return model, dict(ckpt="random", model_type=s["model_type"], model_args=vars(model.config), seed=s["seed"],
                                code=code_version())
-        model, ckpt = load_checkpoint(s["ckpt"], device=s["device"])
+        model, ckpt = load_backbone(s["ckpt"], device=s["device"])
     except ValueError as e:  # a checkpoint that cannot be read, or a shape no model can have
         raise UserError(str(e)) from None
     # the code that trained it (checkpoints from before it was recorded: None); a random model's is this code

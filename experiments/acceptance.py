@@ -9,8 +9,8 @@ it gives, in about 8 minutes on one H200, and writes experiments/results/gpu/<de
      full vocabulary, the budget sized to the time left, batch and learning rate from sweep.py's gpu power laws;
   4. both checkpoints probed like their twins, and the time each part took.
 
-    python experiments/acceptance.py         # a GPU, with ../shared (the Gutenberg corpus, the devtasks)
-    python experiments/acceptance.py --smoke # tiny shapes on the CPU, about a minute: the same code path
+    python experiments/acceptance.py --corpus=DIR/gutenberg --tasks=DIR/devtasks   # on a GPU
+    python experiments/acceptance.py --smoke --tasks=DIR/devtasks   # tiny shapes on the CPU, a minute: the same path
     python experiments/acceptance.py --minutes=20 --corpus=path/to/texts --tasks=path/to/task_folders
 
 Every part is written to the report as soon as it ends, and a part that fails is reported, not fatal, so a run
@@ -25,12 +25,12 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-from plumbing.checkpoint import load_checkpoint
-from configurator import configure, user_errors
+from configurator import UserError, configure, make_config, user_errors
 from plumbing.checks import at_least, check_device, check_writable
+from evaluation.features import load_backbone
 from flops import flops_per_position
 from plumbing.throughput import fastest_dtype, peak_flops, time_steps
-from model import MODELS, make_config
+from model import MODELS
 from report import Report
 from runs import (PRESETS, ROOT, RunFailed, prepare_dataset, probe_model, read_log, run_settings, steps_for,
                   tokenized_tasks, train)
@@ -44,8 +44,9 @@ settings = dict(
     bench_steps=10,           # timed bench steps per model, after 3 untimed ones
     eval_iters=10,            # the pair's validation batches
     dataset="gutenberg",      # a folder under data/ with train.bin and val.bin ...
-    corpus="../shared/corpus/gutenberg",  # ... prepared from this text (data/local/prepare.py) if it has none
-    tasks="../shared/devtasks",  # a folder of task folders (train.tsv, dev.tsv), or a comma-separated list of them
+    corpus="",                # ... prepared from this text (data/local/prepare.py) if it has none, e.g. DIR/gutenberg
+    tasks="",                 # the probes' tasks (needed): a folder of task folders (train.tsv, dev.tsv), e.g.
+                              # DIR/devtasks, or a comma-separated list of them
     max_train=10000,          # training examples per task for the probes (a seeded subset)
     random_seeds=2,           # random-init twins per model
     report="",                # "" = experiments/results/gpu/<device>.md
@@ -53,8 +54,8 @@ settings = dict(
     device="cuda" if torch.cuda.is_available() else "cpu",  # cpu, cuda or cuda:N
     compile=True,             # torch.compile for bench and the pair
 )
-SMOKE = dict(minutes=2.0, pair_flops=1e11, n_layer=2, n_head=2, n_embd=64, block_size=64, batch_size=4, bench_steps=2, eval_iters=1,
-             dataset="tinybooks", max_train=200, random_seeds=1, compile=False)
+SMOKE = dict(minutes=2.0, pair_flops=1e11, n_layer=2, n_head=2, n_embd=64, block_size=64, batch_size=4, bench_steps=2,
+             eval_iters=1, dataset="tinybooks", max_train=200, random_seeds=1, compile=False)
 
 
 def part_bench(s, device, dtype, autocast, peak):
@@ -74,7 +75,8 @@ def part_bench(s, device, dtype, autocast, peak):
         flash = {True: "served", None: "- (CPU)"}.get(r.get("flash"), f"failed: {r.get('flash')}")
         memory = f"{r['peak_memory'] / 2**30:.1f}" if r["peak_memory"] else "-"
         rows.append(f"| {m} | {r['input_tokens_per_s']:,.0f} | {r['view_positions_per_s']:,.0f} | "
-                    f"{r['flops_per_s'] / 1e12:.3g} | {100 * data[m]['mfu']:.1f}% | {memory} | {r['warmup_s']:.0f} | {flash} |")
+                    f"{r['flops_per_s'] / 1e12:.3g} | {100 * data[m]['mfu']:.1f}% | {memory} | {r['warmup_s']:.0f} | "
+                    f"{flash} |")
     ratio = ""
     if "bert" in data and "crossbert" in data:
         speed = data["crossbert"]["view_positions_per_s"] / data["bert"]["view_positions_per_s"]
@@ -142,6 +144,9 @@ def main(argv):
     at_least(s, 1, ("batch_size", "bench_steps", "eval_iters"))
     check_writable(report_path, "--report", folder=False)
     check_writable(s["work_dir"], "--work_dir")
+    if not s["tasks"]:
+        raise UserError("--tasks is needed: the probes' task folders (train.tsv, dev.tsv), or a folder of them, e.g. "
+                        "--tasks=DIR/devtasks")
     t_start = time.time()
     deadline = t_start + 60 * s["minutes"]
     tasks = tokenized_tasks(s["tasks"], s["max_train"], s["block_size"])
@@ -187,9 +192,9 @@ def main(argv):
     t0 = time.time()
     for m, r in runs.items():
         if "error" not in r:
-            model, _ = load_checkpoint(os.path.join(s["work_dir"], m, "ckpt.pt"), device)
-            probes[f"{m} trained"] = probe_model(model, tasks, s["batch_size"])
-            del model
+            backbone, _ = load_backbone(os.path.join(s["work_dir"], m, "ckpt.pt"), device)
+            probes[f"{m} trained"] = probe_model(backbone, tasks, s["batch_size"])
+            del backbone
     md = probe_table({**probes, **twins}, tasks, s, "4. Frozen probes: the trained pair against its random twins",
                      differences=True)
     report.add("trained probes", time.time() - t0, md, probes)
@@ -212,13 +217,15 @@ def probe_table(scores, tasks, s, title, differences=False):
                 t = scores[f"{m} trained"]
                 d = [f"{t[p] - np.mean([r[p] for r in rand]):+.1f} (random {min(r[p] for r in rand):.1f}-"
                      f"{max(r[p] for r in rand):.1f})" for p in ("linear_avg", "knn_avg")]
-                lines.append(f"\n{m}: trained minus the mean of its {len(rand)} random twin(s): linear {d[0]}, kNN {d[1]}.")
+                lines.append(f"\n{m}: trained minus the mean of its {len(rand)} random twin(s): linear {d[0]}, "
+                             f"kNN {d[1]}.")
     return "\n".join(lines)
 
 
 def pair_table(runs, budget, train_tokens, s):
     lines = [f"## 3. BERT vs CrossBERT at matched FLOPs\n\nBudget {budget:.2e} training FLOPs each (flops.py's count), "
-             f"{'as given' if s['pair_flops'] else 'sized to the time left'}. Corpus data/{s['dataset']}: {train_tokens:,} training tokens, GPT-2 vocabulary "
+             f"{'as given' if s['pair_flops'] else 'sized to the time left'}. Corpus data/{s['dataset']}: "
+             f"{train_tokens:,} training tokens, GPT-2 vocabulary "
              "(50,304). One process; batch and learning rate from sweep.py's gpu power laws, warmup 5%, cosine to "
              "lr/10. Input tokens are unique data; epochs = input tokens / corpus tokens.\n",
              "| model | steps | batch (tokens) | lr | FLOPs spent | input tokens (epochs) | val loss | unigram | "

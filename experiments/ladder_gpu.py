@@ -2,10 +2,10 @@
 The ladder's next runs on one lent GPU, in a fixed wall time: the prepared command for a GPU machine that gets the
 repository and a small pack of data, and gives back a few files.
 
-    python experiments/ladder_gpu.py --make_pack          # here, first: data/web and the devtasks into ladder-pack/
+    python experiments/ladder_gpu.py --make_pack --tasks=DIR/devtasks  # here, first: data/web, tasks -> ladder-pack/
     python experiments/ladder_gpu.py --out=$OUT           # there: trains what fits in 8 minutes, writes $OUT
     python experiments/ladder_gpu.py --out=$OUT --lr_scales=1,2   # each family at the law and at twice its rate
-    python experiments/ladder_gpu.py --smoke --out=/tmp/l # the same path on the CPU at tiny sizes (a test)
+    python experiments/ladder_gpu.py --smoke --tasks=DIR/devtasks --out=/tmp/l   # the same path on the CPU, tiny
     python experiments/ladder_gpu.py --dry_run            # the runs it would train, in order
 
 It trains the ladder runs (sweep.py's ladder preset: web text, block 128, the compact vocabulary, 20 training tokens
@@ -24,6 +24,7 @@ not fit and why), and logs.txt (every run's train.log).
 
 The pack (data/pack.py) is what travels beside the repository: the corpus as the compact vocabulary reads it and
 the tasks' rows the probes use, 54 MiB (51.1 of them the corpus); unpacking checks the corpus against its hash.
+--make_pack prepares data/web first if it is not prepared, from --corpus (e.g. --corpus="DIR/web/*.parquet").
 """
 import json
 import os
@@ -46,8 +47,10 @@ settings = dict(
     out="",                   # the folder of what comes back (needed): results.jsonl, report.md/.json, logs.txt
     pack="ladder-pack",       # the corpus and tasks, packed to travel beside the repository
     make_pack=False,          # write --pack from data/<dataset> and --tasks, and stop (on this machine, before the GPU)
-    dataset="web",            # --make_pack: the prepared corpus under data/ (prepared from ../shared/corpus/web first)
-    tasks="../shared/devtasks",  # --make_pack: the probes' task folders
+    dataset="web",            # --make_pack: the prepared corpus under data/ ...
+    corpus="",                # ... prepared first from these files if it has none, e.g. "DIR/web/*.parquet"
+    tasks="",                 # --make_pack and --smoke: the probes' task folders, or a folder of them (needed), e.g.
+                              # DIR/devtasks
     minutes=8.0,              # the command's wall time, from its start to its last file
     sizes="6x384",            # the rungs, n_layer x n_embd (heads of 64 channels)
     seeds=3,                  # training seeds per family and rung
@@ -137,15 +140,15 @@ def probe_run(name, rs, lr_scale, run_dir, s, twins):
     holds those on record or probed already, and gets this one."""
     t0 = time.time()
     every = list(range(rs["n_layer"] + 1))
-    layered = lambda m: {str(k): flat(v) for k, v in probe_model(m, s["task_data"], 64, every).items()}
-    r, model = run_record(name, "main" if lr_scale == 1 else "lr", rs, run_dir, s["device"], lr_scale=lr_scale)
-    r["layers"] = layered(model)
+    layered = lambda b: {str(k): flat(v) for k, v in probe_model(b, s["task_data"], 64, every).items()}
+    r, backbone = run_record(name, "main" if lr_scale == 1 else "lr", rs, run_dir, s["device"], lr_scale=lr_scale)
+    r["layers"] = layered(backbone)
     r["scores"] = r["layers"][str(rs["n_layer"])]
     r["trajectory"] = trajectory(run_dir, s["device"], layered)
-    twin = twin_record(rs, r["seed"], model)
+    twin = twin_record(rs, r["seed"], backbone)
     new = twin["name"] not in twins
     if new:
-        twin["layers"] = layered(random_twin(model, rs["seed"]))
+        twin["layers"] = layered(random_twin(backbone, rs["seed"]))
         twin["scores"] = twin["layers"][str(rs["n_layer"])]
         twins[twin["name"]] = twin
     return r, twins[twin["name"]], new, time.time() - t0
@@ -161,9 +164,12 @@ def pace(log):
 
 
 def make_pack(s):
+    if not s["tasks"]:
+        raise UserError("--tasks is needed: the probes' task folders (train.tsv, dev.tsv) to pack, or a folder of "
+                        "them, e.g. --tasks=DIR/devtasks")
     check_writable(s["pack"], "--pack")
+    prepare_dataset(s["dataset"], s["corpus"])
     os.makedirs(s["pack"], exist_ok=True)
-    prepare_dataset(s["dataset"], "../shared/corpus/web/*.parquet")
     info = pack_corpus(os.path.join(ROOT, "data", s["dataset"]), 8192, s["pack"])
     pack_tasks(s["tasks"], s["max_train"], s["pack"])
     sizes = {f: os.path.getsize(os.path.join(s["pack"], f)) for f in sorted(os.listdir(s["pack"]))}

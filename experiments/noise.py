@@ -2,8 +2,8 @@
 The instrument's noise: how far the probe averages move when nothing but a seed changes, and so how large a
 difference between two models the instrument can detect.
 
-    python experiments/noise.py --like=out/ckpt.pt --tasks=../shared/devtasks              # init and probe seeds
-    python experiments/noise.py --like=out/ckpt.pt --trained=a/ckpt.pt,b/ckpt.pt,c/ckpt.pt # + training seeds
+    python experiments/noise.py --like=out/ckpt.pt --tasks=DIR/devtasks                        # init and probe seeds
+    python experiments/noise.py --like=out/ckpt.pt --tasks=DIR/devtasks --trained=a/ckpt.pt,b/ckpt.pt  # + training
 
 Three sources, each varied alone: the random init (random twins of --like, seeds 1337, 1338, ...), the probe's
 seed (which max_train examples are kept and which part of them picks λ and k), and, with --trained, the training
@@ -19,18 +19,17 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-from plumbing.checkpoint import load_checkpoint
 from configurator import UserError, configure, user_errors
 from plumbing.checks import check_device, check_writable
 from data.tasks import load_task, task_list
-from evaluation.features import features, random_twin, tokenize
+from evaluation.features import features, load_backbone, random_twin, tokenize
 from probe import probe
 from stats import t95
 
 settings = dict(
     like="",                  # a checkpoint (required): its random twins give the init seeds' spread
     trained="",               # comma-separated checkpoints that differ only in their training seed
-    tasks="../shared/devtasks",  # task folders, or a folder of them
+    tasks="",                 # task folders, or a folder of them (needed), e.g. DIR/devtasks
     max_train=2000,           # training examples per task for the probes (a seeded subset)
     init_seeds=5,             # random twins of --like: seeds 1337, 1338, ...
     probe_seeds=3,            # probe seeds: which max_train examples are kept, and which of them pick λ and k
@@ -39,12 +38,12 @@ settings = dict(
 )
 
 
-def averages(model, tasks, seed):
-    """(linear, kNN) averages over tasks (dicts from load_task, with their ids tokenized)."""
-    device = next(model.parameters()).device
+def averages(backbone, tasks, seed):
+    """(linear, kNN) averages over tasks (dicts from load_task, with their ids tokenized) of a features.Backbone."""
+    device = next(backbone.parameters()).device
     scores = []
     for t in tasks:
-        f = {s: features(model, t["ids"][s])[model.config.n_layer] for s in ("train", "dev")}
+        f = {s: features(backbone, t["ids"][s])[backbone.config.n_layer] for s in ("train", "dev")}
         r = probe(f["train"], t["train"][1], f["dev"], t["dev"][1], t["classes"], t["metrics"], seed, device)
         scores.append((r["linear"]["score"], r["knn"]["score"]))
     return tuple(float(x) for x in np.mean(scores, axis=0))
@@ -57,10 +56,13 @@ def main(argv):
     if s["init_seeds"] < 2 or s["probe_seeds"] < 2:
         raise UserError("--init_seeds and --probe_seeds: at least 2 each, or there is no spread to measure")
     check_device(s["device"])
+    if not s["tasks"]:
+        raise UserError("--tasks is needed: the task folders (train.tsv, dev.tsv) to probe, or a folder of them, e.g. "
+                        "--tasks=DIR/devtasks")
     if s["out"]:
         check_writable(s["out"], "--out", folder=False)
-    like, _ = load_checkpoint(s["like"], s["device"])
-    trained = [load_checkpoint(c, s["device"])[0] for c in filter(None, s["trained"].split(","))]
+    like, _ = load_backbone(s["like"], s["device"])
+    trained = [load_backbone(c, s["device"])[0] for c in filter(None, s["trained"].split(","))]
     names = task_list(s["tasks"])
     block = like.config.block_size
 
@@ -72,7 +74,8 @@ def main(argv):
 
     base = tasks_for(1337)
     runs = {"init": [averages(random_twin(like, 1337 + k), base, 1337) for k in range(s["init_seeds"])],
-            "probe": [averages(random_twin(like, 1337), tasks_for(1337 + k), 1337 + k) for k in range(s["probe_seeds"])]}
+            "probe": [averages(random_twin(like, 1337), tasks_for(1337 + k), 1337 + k)
+                      for k in range(s["probe_seeds"])]}
     if trained:
         runs["training"] = [averages(m, base, 1337) for m in trained]
     print(f"{len(names)} tasks, max_train {s['max_train']}; linear / kNN averages\n")

@@ -10,7 +10,8 @@ import numpy as np
 
 from plumbing.checks import optional
 from flops import head_share, param_counts
-from model import MODELS, make_config
+from configurator import make_config
+from model import MODELS
 from stats import fmt, fmt_ratio, interval, trend, verdict
 
 

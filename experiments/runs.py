@@ -1,5 +1,5 @@
 """
-The runs the experiments train and probe (sweep.py, acceptance.py, ladder_gpu.py, block.py): the presets, and the power
+The runs the experiments train and probe (sweep.py, acceptance.py, ladder_gpu.py): the presets, and the power
 laws that give a FLOP budget its learning rate and batch; train.py launched on a run's settings, its log, and its
 snapshots probed along training; the corpus a run trains on, prepared on first use; the probes' tasks, read and
 tokenized once, and a model's frozen probes on them.
@@ -11,12 +11,12 @@ import sys
 
 import numpy as np
 
-from plumbing.checkpoint import code_version, load_checkpoint
+from plumbing.checkpoint import code_version
 from data.tasks import load_task, task_list
-from configurator import UserError
-from evaluation.features import features, tokenize
+from configurator import UserError, make_config
+from evaluation.features import features, load_backbone, tokenize
 from flops import budget_steps, param_counts, training_flops
-from model import MODELS, make_config
+from model import MODELS
 from probe import probe
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo root: train.py, data/
@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repo r
 # -----------------------------------------------------------------------------
 # Presets. Power laws: lr = lr0 * (F / F0) ** LR_EXP and batch = batch0 * (F / F0) ** BATCH_EXP tokens, with
 # DeepSeek LLM's fitted exponents (the paper fits such laws on its 50M-700M models and does not print them;
-# our choice), anchored at (F0, lr0, batch0): the CPU recipe (docs/cpu-recipe.md), or the GPU base configs.
+# our choice), anchored at (F0, lr0, batch0): the CPU recipe (experiments/LOG.md), or the GPU base configs.
 LR_EXP, BATCH_EXP = -0.125, 0.327
 PRESETS = {
     "cpu": dict(
@@ -41,12 +41,12 @@ PRESETS = {
         micro_batch=16,                        # rows per micro-step, at most (train.py's default)
         probe_max_train=2000, eval_interval=100, nproc=1,
     ),
-    "cpu-gutenberg": dict(  # the long CPU preset: one shape, doubling budgets, up to the crossing (docs/experiments.md)
+    "cpu-gutenberg": dict(  # the long CPU preset: one shape, budgets doubling to the crossing (experiments/LOG.md)
         dataset="gutenberg", block_size=128, vocab_size=8192, dtype="",
         sizes=[(4, 256, 4)] * 5,
         flops=[3.4e13, 6.8e13, 1.35e14, 2.7e14, 5.4e14],
         tokens_per_param=20,
-        anchor=(2.7e14, 1e-3, 4096),           # the 4 x 256 recipe that beat its random twins once (docs/results.md)
+        anchor=(2.7e14, 1e-3, 4096),           # the 4 x 256 recipe that once beat its twins (experiments/LOG.md)
         ablation_size=None,
         axes="main",                           # the budget axis is the point
         flops_per_s=3.0e11,                    # achieved on 2 cores with native bf16, 4 x 256 (about 460 ms a step)
@@ -56,17 +56,17 @@ PRESETS = {
         probe_max_train=2000, eval_interval=200, nproc=1,
         seeds=3,
     ),
-    "ladder": dict(  # the paper's axis: model size at 20 training tokens per parameter, on web text (docs/experiments.md)
+    "ladder": dict(  # the paper's axis: model size at 20 tokens per parameter, on web text (experiments/README.md)
         dataset="web", block_size=128, vocab_size=8192, dtype="",
         sizes=[(2, 128, 2), (3, 192, 3), (4, 256, 4)],
         flops=[0, 0, 0],                       # all from tokens_per_param: 20 tokens per BERT parameter, embeddings
                                                # included (the paper's model sizes count them; the dry run prints both)
         tokens_per_param=20,
-        anchor=(3.4e13, 1.2956e-3, 2048),      # the block's recipe (4 x 256, docs/block.md): lr and batch scale from it
+        anchor=(3.4e13, 1.2956e-3, 2048),      # the block's recipe (4 x 256, experiments/LOG.md): lr and batch from it
         ablation_size=None,
-        axes="main",                           # the ablations with --axes at the sizes of --budgets (docs/experiments.md)
+        axes="main",                           # the ablations: --axes at the sizes of --budgets (experiments/README.md)
         families="bert,crossbert",             # ELECTRA with --families=bert,crossbert,electra
-        flops_per_s=3.0e11,                    # achieved on 2 cores with native bf16 at 4 x 256 (docs/block.md)
+        flops_per_s=3.0e11,                    # achieved on 2 cores with native bf16 at 4 x 256 (experiments/LOG.md)
         step_s=0.03,
         overhead_s=420,                        # probing: the devtasks, GLUE and STS, for the run and its twin
         micro_batch=16,
@@ -87,7 +87,8 @@ PRESETS = {
         step_s=0.0,
         overhead_s=300,
         # rows per micro-step per GPU, at most: 64 rows of the largest size took 65 (BERT), 97 (CrossBERT) and
-        # 75 GiB (ELECTRA) at peak on one H200 (eager bf16, experiments/results/gpu/); on 80 GB GPUs pass --micro_batch=32
+        # 75 GiB (ELECTRA) at peak on one H200 (eager bf16, experiments/results/gpu/); on 80 GB GPUs pass
+        # --micro_batch=32
         micro_batch=64,
         probe_max_train=20000, eval_interval=1000, nproc=8,
     ),
@@ -190,28 +191,29 @@ def train(name, s, run_dir, nproc, compile):
 
 
 def run_record(name, axis, rs, run_dir, device, **extra):
-    """(record, model): a finished run's line of results.jsonl, without its probes, and its final model. The record
-    holds its settings, size, budget, val losses, the code that trained it (None before checkpoints said) and the
-    dtype it trained in (train.py picks the device's fastest: runs on two machines may differ)."""
-    model, ckpt = load_checkpoint(os.path.join(run_dir, "ckpt.pt"), device)
+    """(record, backbone): a finished run's line of results.jsonl, without its probes, and its final model with its
+    vocabulary map (features.Backbone). The record holds its settings, size, budget, val losses, the code that trained
+    it (None before checkpoints said) and the dtype it trained in (train.py picks the device's fastest: runs on two
+    machines may differ)."""
+    backbone, ckpt = load_backbone(os.path.join(run_dir, "ckpt.pt"), device)
     log = read_log(run_dir)
     vals = [x for x in log if "val_loss" in x]
     seed = rs.get("seed", 1337) - 1337
     r = dict(name=name, cell=name.removesuffix(f"-s{seed}") if seed else name, seed=seed,
              shape=f"{rs['n_layer']}x{rs['n_embd']}", axis=axis, model_type=rs["model_type"], settings=rs,
-             params=model.num_params(), flops=ckpt["flops"], tokens=ckpt["tokens"], steps=ckpt["step"],
+             params=backbone.model.num_params(), flops=ckpt["flops"], tokens=ckpt["tokens"], steps=ckpt["step"],
              val_loss=vals[-1]["val_loss"], unigram_loss=next(x["unigram_loss"] for x in log if "unigram_loss" in x),
              log=vals, code=ckpt.get("code"), dtype=ckpt["config"]["dtype"], **extra)
-    return r, model
+    return r, backbone
 
 
-def twin_record(rs, seed, model):
+def twin_record(rs, seed, backbone):
     """The line of results.jsonl of a random-init twin (without its probes): the weights training seed `seed` of
     this family and shape starts from (features.random_twin), shared by every budget."""
     shape = f"{rs['n_layer']}x{rs['n_embd']}"
     name = f"random-{rs['model_type']}-{shape}"
-    return dict(name=name + (f"-s{seed}" if seed else ""), cell=name, seed=seed, shape=shape,
-                axis="random", model_type=rs["model_type"], settings=rs, params=model.num_params(), flops=0, tokens=0,
+    return dict(name=name + (f"-s{seed}" if seed else ""), cell=name, seed=seed, shape=shape, axis="random",
+                model_type=rs["model_type"], settings=rs, params=backbone.model.num_params(), flops=0, tokens=0,
                 steps=0, val_loss=None, unigram_loss=None, log=[], code=code_version())  # the code that made it
 
 
@@ -223,20 +225,24 @@ def read_log(run_dir):
 
 def trajectory(run_dir, device, probe_layers):
     """The probes along training: for each snapshot train.py kept (snapshots=N), its step, tokens, FLOPs, val loss
-    and probe_layers(model), its scores by layer. The end of the run is the run's own record, its start the twin."""
+    and probe_layers(backbone), its scores by layer. The end of the run is the run's own record, its start the twin."""
     folder, points = os.path.join(run_dir, "snapshots"), []
     for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else ():
-        model, ckpt = load_checkpoint(os.path.join(folder, name), device)
+        backbone, ckpt = load_backbone(os.path.join(folder, name), device)
         points.append(dict(step=ckpt["step"], tokens=ckpt["tokens"], flops=ckpt["flops"], val_loss=ckpt["val_loss"],
-                           layers=probe_layers(model)))
+                           layers=probe_layers(backbone)))
     return points
 
 
 def prepare_dataset(dataset, corpus):
     """The training tokens of data/<dataset>, prepared first from the files of `corpus` (data/local/prepare.py, or
-    tinybooks' own script) if it has no val.bin; a corpus that cannot be prepared is a UserError."""
+    tinybooks' own script) if it has no val.bin; no corpus to prepare it from, or one that cannot be prepared, is a
+    UserError."""
     data_dir = os.path.join(ROOT, "data", dataset)
     if not os.path.exists(os.path.join(data_dir, "val.bin")):
+        if not corpus and dataset != "tinybooks":
+            raise UserError(f"--corpus is needed: data/{dataset} is not prepared; pass the corpus's files, e.g. "
+                            f"--corpus=DIR/{dataset}, or --dataset= a prepared folder under data/")
         script = "data/tinybooks/prepare.py" if dataset == "tinybooks" else "data/local/prepare.py"
         args = [] if dataset == "tinybooks" else [f"--input={corpus}", f"--out_dir={data_dir}"]
         if subprocess.run([sys.executable, script, *args], cwd=ROOT).returncode:

@@ -3,9 +3,11 @@ The paper's comparison at your scale: BERT, CrossBERT and ELECTRA families train
 FLOPs, every final checkpoint probed frozen, next to random-init twins of the same shape.
 
     python experiments/sweep.py --preset=cpu --dry_run      # the plan: runs, FLOPs, estimated time; trains nothing
-    python experiments/sweep.py --preset=cpu                # 2 CPU cores, under an hour; writes sweep-cpu/
-    python experiments/sweep.py --preset=gpu --nproc=8      # one 8-GPU node over the paper's range (needs DCLM)
-    python experiments/sweep.py --preset=cpu --tasks=path/a,path/b   # probe your own task folders
+    python experiments/sweep.py --preset=cpu --tasks=DIR/devtasks --glue_dir=DIR/glue --sts=DIR/glue/STS-B  # 2 cores
+    python experiments/sweep.py --preset=gpu --nproc=8 ...  # one 8-GPU node over the paper's range (needs DCLM)
+    python experiments/sweep.py --preset=cpu --tasks=path/a,path/b --glue_tasks= --sts=   # your own tasks only
+
+The cpu preset takes under an hour on 2 CPU cores and writes sweep-cpu/; the others take the same task settings.
 
 For each size, the BERT, CrossBERT and ELECTRA runs get the same FLOP budget (train.py's max_flops, counted
 by flops.py): a tokens-per-parameter rule or the preset's explicit budgets. Batch size and learning rate
@@ -23,7 +25,7 @@ Axes besides the main BERT-vs-CrossBERT comparison (the paper's ablations), seed
             the "2x sample efficiency" claim: val loss, and input tokens to the same probe score, against unique tokens
   predictor CrossBERT's predictor depth, at the same FLOPs
   lr        each family at --lr_scales times the power law's learning rate, at every size and seed of the plan:
-            each family's own optimum (docs/experiments.md); the law's own runs (x1) are the main axis
+            each family's own optimum (experiments/README.md); the law's own runs (x1) are the main axis
   replace   BERT with the 80/10/10 corruption (80% <mask>, 10% a random token, 10% unchanged) at each --lr_scales
             multiplier (x1 without it), at every size and seed of the plan: against all-<mask> BERT at the same rate
 An ablation varies the families of --families only (--families=crossbert: no BERT at 50%).
@@ -37,13 +39,12 @@ import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repo root
-from plumbing.checkpoint import load_checkpoint
-from configurator import UserError, configure, user_errors
+from configurator import UserError, configure, make_config, user_errors
 from plumbing.checks import at_least, check_device, check_writable, optional
 from data.tasks import load_task, task_list
-from evaluation.features import random_twin
+from evaluation.features import load_backbone, random_twin
 from flops import cms_block, param_counts
-from model import MODELS, make_config
+from model import MODELS
 from report import plots, summarize, write_markdown
 from runs import (PRESETS, ROOT, RunFailed, read_families, read_lr_scales, run_record, run_settings, size_budget,
                   steps_for, train, trajectory, twin_record)
@@ -52,18 +53,18 @@ settings = dict(
     preset="cpu",             # cpu, cpu-gutenberg, ladder or gpu: sizes, budgets, corpus, hardware (runs.py's PRESETS)
     out_dir="",               # "" = sweep-<preset>
     dry_run=False,            # print the plan (runs, FLOPs, steps, batch, lr, estimated time) and train nothing
-    axes="",                  # main, mask, cms, predictor, lr (see above), comma-separated; "" = the preset's
-    lr_scales="0.5,2",        # the lr axis's multipliers of the power law's learning rate (and of its min_lr)
-    families="",              # the models of the main comparison, e.g. bert,crossbert,electra; "" = the preset's (all three
-                              # unless it says)
+    axes="",                  # main, mask, cms, predictor, lr, replace (see above), comma-separated; "" = the preset's
+    lr_scales="0.5,2",        # the lr and replace axes' multipliers of the power law's learning rate (and min_lr)
+    families="",              # the models of the main comparison, e.g. bert,crossbert,electra; "" = the preset's
+                              # (all three unless it says)
     seeds=0,                  # training seeds per main run (train.py's seed 1337, 1338, ...); 0 = the preset's
     budgets="",               # a comma-separated subset of the preset's FLOP budgets, to 2 digits as in the run names
                               # (e.g. 2.7e14: a long sweep's seeds at its largest budget first); "" = every budget
-    tasks="../shared/devtasks",  # the primary instrument, averaged as linear_avg/knn_avg: task folders (train.tsv,
-                                 # dev.tsv), or a folder of them
+    tasks="",                 # the primary instrument (needed), averaged as linear_avg/knn_avg: task folders
+                              # (train.tsv, dev.tsv), or a folder of them, e.g. DIR/devtasks
     glue_tasks="SST-2,CoLA,MRPC,STS-B,RTE,WNLI",  # the paper's table, as glue_linear_avg/glue_knn_avg; "" = skip
-    glue_dir="../shared/glue",  # GLUE's task folders; "" = from the hub
-    sts="../shared/glue/STS-B",               # zero-shot STS (embed.py); "" = skip
+    glue_dir="",              # GLUE's task folders (needed for --glue_tasks), e.g. DIR/glue; hub = from the hub
+    sts="",                   # zero-shot STS (embed.py): STS-B's folder, e.g. DIR/glue/STS-B; "" = skip
     nproc=0,                  # processes per run (torchrun); 0 = the preset's
     micro_batch=0,            # rows per micro-step per process, at most; 0 = the preset's (what fits its device)
     random_seeds=3,           # random-init twins per family and shape (at least one per training seed): twin i holds
@@ -130,7 +131,7 @@ def plan(p, axes, families=tuple(MODELS), seeds=1, budgets=None, lr_scales=()):
             if "predictor" in axes:
                 runs.append((f"crossbert-{size}-pred{max(2, L // 2)}{sfx}", "predictor",
                              run_settings(p, L, C, H, "crossbert", budget, pred_layer=max(2, L // 2), seed=seed)))
-            if "cms" in axes:  # CMS off sees as many unique tokens as the main CrossBERT run: same steps, half the FLOPs
+            if "cms" in axes:  # CMS off sees as many unique tokens as the main CrossBERT run: same steps, half FLOPs
                 main = run_settings(p, L, C, H, "crossbert", budget, seed=seed)
                 off = dict(main, cms=False, max_flops=0.0, max_iters=steps_for(main)[0])
                 runs.append((f"crossbert-{size}-nocms{sfx}", "cms", off))
@@ -141,11 +142,12 @@ def plan(p, axes, families=tuple(MODELS), seeds=1, budgets=None, lr_scales=()):
 # Running and probing
 
 
-def by_layer(model, tasks, glue_dir, max_train, layers):
+def by_layer(backbone, tasks, glue_dir, max_train, layers):
     """{layer: {"TASK/linear": %, "TASK/knn": %, ..., "linear_avg": %, "knn_avg": %}} of the frozen probes on each
-    of `layers` (0 = the token embeddings, n_layer = the last), from one pass of the model over each task."""
+    of `layers` (0 = the token embeddings, n_layer = the last), from one pass of the model over each task; glue_dir
+    None: GLUE from the hub."""
     from probe import evaluate as probe_layers
-    res = probe_layers(model, [load_task(t, glue_dir or None, max_train, 1337) for t in tasks], layers, verbose=False)
+    res = probe_layers(backbone, [load_task(t, glue_dir, max_train, 1337) for t in tasks], layers, verbose=False)
     out = {}
     for layer in layers:
         got = {f"{name}/{p}": r["layers"][layer][p]["score"] for name, r in res.items() for p in ("linear", "knn")}
@@ -154,19 +156,20 @@ def by_layer(model, tasks, glue_dir, max_train, layers):
     return out
 
 
-def evaluate(model, tasks, glue_tasks, glue_dir, sts, max_train, layers=False):
-    """Frozen-probe scores of a model: {"TASK/linear": %, "TASK/knn": %, ...}, the averages over the primary tasks
-    (linear_avg, knn_avg) and over GLUE (glue_linear_avg, glue_knn_avg), and zero-shot STS (sts_zero_shot). With
-    layers, also {layer: scores} of the primary tasks at every layer; the last layer's are the scores above."""
+def evaluate(backbone, tasks, glue_tasks, glue_dir, sts, max_train, layers=False):
+    """Frozen-probe scores of a backbone (features.Backbone): {"TASK/linear": %, "TASK/knn": %, ...}, the averages
+    over the primary tasks (linear_avg, knn_avg) and over GLUE (glue_linear_avg, glue_knn_avg), and zero-shot STS
+    (sts_zero_shot). With layers, also {layer: scores} of the primary tasks at every layer; the last layer's are the
+    scores above."""
     from embeddings.vectors import zero_shot_sts
-    n_layer = model.config.n_layer
-    every = by_layer(model, tasks, glue_dir, max_train, list(range(n_layer + 1)) if layers else [n_layer])
+    n_layer = backbone.config.n_layer
+    every = by_layer(backbone, tasks, glue_dir, max_train, list(range(n_layer + 1)) if layers else [n_layer])
     scores = dict(every[n_layer])
     if glue_tasks:
         scores.update({f"glue_{k}" if k.endswith("_avg") else k: v
-                       for k, v in by_layer(model, glue_tasks, glue_dir, max_train, [n_layer])[n_layer].items()})
+                       for k, v in by_layer(backbone, glue_tasks, glue_dir, max_train, [n_layer])[n_layer].items()})
     if sts:
-        scores["sts_zero_shot"] = zero_shot_sts(model, sts)
+        scores["sts_zero_shot"] = zero_shot_sts(backbone, sts)
     return (scores, every) if layers else scores
 
 
@@ -237,29 +240,35 @@ def show_plan(s, p, runs):
 
 
 def read_tasks(s, p):
-    """The probes' task lists (--tasks, --glue_tasks), every task read now and every other input and the output
-    folder checked, so that bad input stops the sweep before its first run, not after it."""
-    if s["glue_dir"] and not os.path.isdir(s["glue_dir"]):
-        raise UserError(f"--glue_dir={s['glue_dir']} is not a folder; pass a GLUE folder (TASK/train.tsv, dev.tsv), "
-                        "or --glue_dir= (empty) to load GLUE from the hub, or --tasks= with your own task folders")
+    """(tasks, GLUE tasks, GLUE's folder or None for the hub) of the probes, every task read now and every other input
+    and the output folder checked, so that bad input stops the sweep before its first run, not after it."""
+    if not s["tasks"]:
+        raise UserError("--tasks is needed: the task folders (train.tsv, dev.tsv) the primary average is taken over, "
+                        "or a folder of them, e.g. --tasks=DIR/devtasks")
+    if s["glue_tasks"] and not s["glue_dir"]:
+        raise UserError("--glue_dir is needed for --glue_tasks: pass GLUE's task folders, e.g. --glue_dir=DIR/glue, "
+                        "or --glue_dir=hub to load GLUE from the hub, or --glue_tasks= to skip GLUE")
+    glue_dir = None if s["glue_dir"] in ("", "hub") else s["glue_dir"]
+    if glue_dir and not os.path.isdir(glue_dir):
+        raise UserError(f"--glue_dir={glue_dir} is not a folder; pass a GLUE folder (TASK/train.tsv, dev.tsv), "
+                        "or --glue_dir=hub to load GLUE from the hub, or --glue_tasks= to skip GLUE")
     if s["sts"] and not os.path.exists(s["sts"]):
         raise UserError(f"--sts={s['sts']} does not exist; pass STS-B's folder, or --sts= (empty) to skip "
                         "zero-shot STS")
     tasks, glue_tasks = task_list(s["tasks"]), task_list(s["glue_tasks"])
     if not tasks:
-        raise UserError("--tasks is empty: the sweep needs the tasks its primary average is taken over")
+        raise UserError(f"--tasks={s['tasks']}: no task folders there; pass folders of train.tsv and dev.tsv")
     check_writable(s["out_dir"], "--out_dir")
     if p["dataset"] != "tinybooks" and not os.path.exists(os.path.join(ROOT, "data", p["dataset"], "val.bin")):
         raise UserError(f"data/{p['dataset']} is not prepared; prepare it first, e.g. python data/local/prepare.py "
-                        f"--input=../shared/corpus/{p['dataset']} --out_dir=data/{p['dataset']} (or a "
-                        "data/<corpus>/prepare.py)")
+                        f"--input=DIR/{p['dataset']} --out_dir=data/{p['dataset']} (or a data/<corpus>/prepare.py)")
     for option, names in (("--tasks", tasks), ("--glue_tasks", glue_tasks)):
         try:
             for task in names:
-                load_task(task, s["glue_dir"] or None, p["probe_max_train"])
+                load_task(task, glue_dir, p["probe_max_train"])
         except UserError as e:
             raise UserError(f"{option}: {e}") from None
-    return tasks, glue_tasks
+    return tasks, glue_tasks, glue_dir
 
 
 def main(argv):
@@ -267,7 +276,7 @@ def main(argv):
     show_plan(s, p, runs)
     if s["dry_run"]:
         return
-    tasks, glue_tasks = read_tasks(s, p)
+    tasks, glue_tasks, glue_dir = read_tasks(s, p)
     out_dir = s["out_dir"]
     os.makedirs(out_dir, exist_ok=True)
     results_path = os.path.join(out_dir, "results.jsonl")
@@ -292,18 +301,18 @@ def main(argv):
         written[:] = draw(results, out_dir)
 
     along = bool(p.get("snapshots"))  # probes along training and across layers (the ladder)
-    score = lambda m: evaluate(m, tasks, glue_tasks, s["glue_dir"], s["sts"], p["probe_max_train"], along)
+    score = lambda b: evaluate(b, tasks, glue_tasks, glue_dir, s["sts"], p["probe_max_train"], along)
     extra = {k: v for k, v in (("dtype", p["dtype"]), ("eval_interval", p["eval_interval"]),
                                ("snapshots", p.get("snapshots"))) if v}
-    def layered(model):  # {"scores": ..., and with `along` "layers": {layer: scores}}; json keys are strings
-        got = score(model)
+    def layered(backbone):  # {"scores": ..., and with `along` "layers": {layer: scores}}; json keys are strings
+        got = score(backbone)
         return dict(scores=got[0], layers={str(k): v for k, v in got[1].items()}) if along else dict(scores=got)
 
     unmade = set()  # twins no run's checkpoint here could make yet
     for name, axis, rs in runs:
         run_dir = os.path.join(out_dir, name)
         shape = f"{rs['n_layer']}x{rs['n_embd']}"
-        model = None  # this run's checkpoint, loaded once for its probes and its random twins
+        backbone = None  # this run's checkpoint, loaded once for its probes and its random twins
         if name not in done:
             t0 = time.time()
             print(f"sweep: training {name} ...", flush=True)
@@ -316,12 +325,12 @@ def main(argv):
             if axis in ("lr", "replace"):
                 law = run_settings(p, rs["n_layer"], rs["n_embd"], rs["n_head"], rs["model_type"], rs["max_flops"])
                 scale = dict(lr_scale=round(rs["learning_rate"] / law["learning_rate"], 4))
-            r, model = run_record(name, axis, rs, run_dir, s["device"], **scale)
-            r.update(layered(model))
+            r, backbone = run_record(name, axis, rs, run_dir, s["device"], **scale)
+            r.update(layered(backbone))
             if along:
-                every = list(range(model.config.n_layer + 1))
-                r["trajectory"] = trajectory(run_dir, s["device"], lambda m: {str(k): v for k, v in by_layer(
-                    m, tasks, s["glue_dir"], p["probe_max_train"], every).items()})
+                every = list(range(backbone.config.n_layer + 1))
+                r["trajectory"] = trajectory(run_dir, s["device"], lambda b: {str(k): v for k, v in by_layer(
+                    b, tasks, glue_dir, p["probe_max_train"], every).items()})
             r.update(train_s=round(t1 - t0, 1), probe_s=round(time.time() - t1, 1))
             record(r)
             print(f"sweep: {name}: val loss {r['val_loss']:.3f} (unigram {r['unigram_loss']:.3f}), "
@@ -333,17 +342,18 @@ def main(argv):
             twin = f"random-{rs['model_type']}-{shape}" + (f"-s{k}" if k else "")
             if twin in done:
                 continue
-            if model is None:
+            if backbone is None:
                 ckpt_path = os.path.join(run_dir, "ckpt.pt")
                 if not os.path.exists(ckpt_path):
                     # the run is on record from a copied results.jsonl; a twin needs only the shape and the vocabulary
                     # map, so a later run of its family and shape with a checkpoint here (one this call trains) makes it
                     unmade.add(twin)
                     continue
-                model, _ = load_checkpoint(ckpt_path, s["device"])
-            r = dict(twin_record(rs, k, model), **layered(random_twin(model, 1337 + k)))
+                backbone, _ = load_backbone(ckpt_path, s["device"])
+            r = dict(twin_record(rs, k, backbone), **layered(random_twin(backbone, 1337 + k)))
             record(r)
-            print(f"sweep: {twin}: linear {r['scores']['linear_avg']:.1f}, kNN {r['scores']['knn_avg']:.1f}", flush=True)
+            print(f"sweep: {twin}: linear {r['scores']['linear_avg']:.1f}, kNN {r['scores']['knn_avg']:.1f}",
+                  flush=True)
 
     if unmade - done:
         print(f"sweep: {', '.join(sorted(unmade - done))} not made: no run of that family and shape has a checkpoint "

@@ -21,20 +21,23 @@ pipeline("fill-mask") and the Trainer, and sentence-transformers.
 The folder holds:
   model.safetensors      the trained model's weights under model.py's names (and the pooler's), no optimizer: the
                          encoder and what fills masks (BERT's LM head, CrossBERT's predictor, ELECTRA's generator and
-                         discriminator head); with --encoder_only=True, the encoder alone
+                         discriminator head); with --encoder_only=True, the encoder alone. And vocab_map, the map from
+                         GPT-2 ids to the model's that its data was read through (the same ids without a compact
+                         vocabulary), which the exported classes apply to their input
   config.json            the encoder's ModelConfig, the whole model's (unless --encoder_only), the pooler's kind, and
                          the family that trained it
-  modeling_crossbert.py  the Auto classes (beside this script), with copies of model.py and masking.py:
-                         the exported model runs the code it was trained with, not a second implementation
+  modeling_crossbert.py  the Auto classes (beside this script), with copies of model.py and masking.py, and poolers.py
+                         (the source of embeddings/vectors.py's poolers): the exported model runs the code it was
+                         trained with, not a second implementation, and imports nothing from this project
   tokenizer.json, tokenizer_config.json   GPT-2's BPE, written from data/gpt2.tiktoken: <mask> is its mask token,
                          pairs are joined by <|endoftext|> as features.py joins them, and <unk> (the first padding id)
-                         names the compact vocabulary's <unk> among the fills (the vocabulary's map is inside the model,
-                         as in training)
+                         names the compact vocabulary's <unk> among the fills
   modules.json, ...      sentence-transformers' files, when it (6.0 or later) is installed
 
 Needs safetensors (transformers brings it); loading needs transformers. A missing extra is named with its pip command.
 The folder is built beside --out and renamed into place at the end: a failed export leaves nothing behind.
 """
+import inspect
 import json
 import os
 import shutil
@@ -42,15 +45,16 @@ import sys
 import tempfile
 import time
 
+import torch
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)  # the project's modules, when run as `python hf/export.py`
-from plumbing.checkpoint import load_checkpoint
 from configurator import UserError, configure, user_errors
-from data.tokenizer import EOT, MASK, PAD, load_ranks
+from data.tokenizer import EOT, MASK, PAD, VOCAB_SIZE, load_ranks
+from embeddings.vectors import POOLERS, load_pooler
+from evaluation.features import load_backbone, mean_pool, random_twin
 from plumbing.checks import check_writable, optional
-from embeddings.vectors import load_pooler
-from evaluation.features import random_twin
 
 settings = dict(
     ckpt="out/ckpt.pt",     # a train.py checkpoint, or random (with --like: that checkpoint's random-init twin)
@@ -61,24 +65,38 @@ settings = dict(
     out="",                 # the folder to write (needed); it must not exist yet
 )
 
-ENCODER_KEYS = ("wte.", "ln_e.", "blocks.", "ln_f.", "vocab_map")  # model.py's shared stack: every family's encoder
-CODE = ("model.py", "masking.py")  # what modeling_crossbert.py runs
+ENCODER_KEYS = ("wte.", "ln_e.", "blocks.", "ln_f.")  # model.py's shared stack: every family's encoder
+CODE = ("model.py", "masking.py")  # what modeling_crossbert.py runs, copied whole
 UNK = PAD + 1  # the first padding id names a compact vocabulary's <unk> row among the fills
 
 
-def model_state(model, encoder_only):
+def model_state(backbone, encoder_only):
     """The tensors of a trained model of any family (its encoder's alone, if encoder_only), under the names the
-    exported model gives them: model.py's, under `model.`."""
-    return {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()
-            if not encoder_only or k.startswith(ENCODER_KEYS)}
+    exported model gives them: model.py's, under `model.`; and vocab_map, the map from GPT-2 ids to the model's."""
+    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in backbone.model.state_dict().items()
+               if not encoder_only or k.startswith(ENCODER_KEYS)}
+    vmap = backbone.vocab_map
+    tensors["vocab_map"] = torch.arange(VOCAB_SIZE) if vmap is None else vmap.cpu().contiguous()  # None: the same ids
+    return tensors
 
 
 def encoder_config(config):
-    """The ModelConfig fields of the exported encoder: the trained shape, as a BERT without the LM head (whose
-    encode() is the same stack, so every family exports alike); the masking settings are training's, not kept."""
+    """The ModelConfig fields of the exported encoder: the trained shape, as a BERT (whose encode() is the same stack,
+    so every family exports alike; the exported classes drop its LM head); the masking settings are training's, not
+    kept."""
     args = {k: v for k, v in vars(config).items() if k not in ("mask_ratio", "cms", "pred_layer", "gen_layer",
                                                                   "random_replace")}
-    return dict(args, model_type="bert", lm_head=False, decoder_bias=False)
+    return dict(args, model_type="bert")
+
+
+def pooler_code():
+    """poolers.py of the export: the source of embeddings/vectors.py's poolers and of the mean pooling they use, copied
+    alone (the rest of those files reads the project's data and checkpoints, which an export has no use for)."""
+    table = ", ".join(f"{kind!r}: {cls.__name__}" for kind, cls in POOLERS.items())
+    sources = [inspect.getsource(f) for f in (mean_pool, *POOLERS.values())]
+    return ('"""The poolers of embeddings/vectors.py and the mean pooling of evaluation/features.py, copied by '
+            'hf/export.py."""\nimport torch\nimport torch.nn as nn\nimport torch.nn.functional as F\n\n\n'
+            + "\n\n".join(sources) + f"\n\nPOOLERS = {{{table}}}\n")
 
 
 def byte_stand_ins():
@@ -142,13 +160,13 @@ def write_tokenizer(folder, block_size):
                        pad_token="<pad>", mask_token="<mask>", sep_token="<|endoftext|>"), f, indent=2)
 
 
-def write_model(folder, model, ckpt_info, pooler, saved, encoder_only):
+def write_model(folder, backbone, ckpt_info, pooler, saved, encoder_only):
     from safetensors.torch import save_file  # export() checked that safetensors is installed
-    tensors = model_state(model, encoder_only)
+    tensors = model_state(backbone, encoder_only)
     if pooler is not None:
         tensors.update({f"pooler.{k}": v.detach().cpu().contiguous() for k, v in pooler.state_dict().items()})
     save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
-    cfg = model.config
+    cfg = backbone.config
     classes = ("Config", "EncoderConfig"), ("Model", "EncoderModel"), ("ModelForMaskedLM", "ForMaskedLM"), \
         ("ModelForSequenceClassification", "ForSequenceClassification"), \
         ("ModelForTokenClassification", "ForTokenClassification")
@@ -159,7 +177,7 @@ def write_model(folder, model, ckpt_info, pooler, saved, encoder_only):
         encoder=encoder_config(cfg), masked_lm=None if encoder_only else vars(cfg),
         pooler=None if saved is None else {k: saved[k] for k in ("kind", "n_embd", "n_head")},
         trained_as=cfg.model_type, hidden_size=cfg.n_embd, num_hidden_layers=cfg.n_layer,
-        num_attention_heads=cfg.n_head, max_position_embeddings=cfg.block_size, vocab_size=cfg.token_ids,
+        num_attention_heads=cfg.n_head, max_position_embeddings=cfg.block_size, vocab_size=VOCAB_SIZE,
         pad_token_id=PAD, mask_token_id=MASK, unk_token_id=UNK, torch_dtype="float32", trained=ckpt_info)
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
@@ -173,6 +191,8 @@ def write_model(folder, model, ckpt_info, pooler, saved, encoder_only):
             raise RuntimeError("model.py no longer imports `from masking import`: update export.py's rewrite")
         with open(os.path.join(folder, name), "w") as f:
             f.write(relative)
+    with open(os.path.join(folder, "poolers.py"), "w") as f:
+        f.write(pooler_code())
 
 
 def write_sentence_transformers(folder, block_size):
@@ -210,24 +230,25 @@ def export(ckpt_path, out, pooler_path="", encoder_only=False, like="", seed=133
         raise UserError("--ckpt=random and --like=CKPT go together: the random-init twin of CKPT")
     check_writable(out, "--out")
     try:
-        model, ckpt = load_checkpoint(like or ckpt_path)
+        backbone, ckpt = load_backbone(like or ckpt_path)
     except ValueError as e:
         raise UserError(str(e)) from None
     info = dict(ckpt=ckpt_path, step=ckpt.get("step"), tokens=ckpt.get("tokens"), pooler=pooler_path or None)
     if like:  # the baseline a trained checkpoint must beat: its shape and vocabulary map, fresh weights
-        model, info = random_twin(model, seed), dict(ckpt="random", like=like, seed=seed, pooler=pooler_path or None)
+        backbone = random_twin(backbone, seed)
+        info = dict(ckpt="random", like=like, seed=seed, pooler=pooler_path or None)
     pooler, saved = load_pooler(pooler_path, "--pooler") if pooler_path else (None, None)
-    if saved and saved["n_embd"] != model.config.n_embd:
+    if saved and saved["n_embd"] != backbone.config.n_embd:
         raise UserError(f"--pooler={pooler_path} is a pooler of {saved['n_embd']} dims, but --ckpt={ckpt_path} has "
-                        f"n_embd={model.config.n_embd}; pass the checkpoint it was trained on, {saved['ckpt']}")
+                        f"n_embd={backbone.config.n_embd}; pass the checkpoint it was trained on, {saved['ckpt']}")
     optional("safetensors", "export")  # model.safetensors; checked after the inputs, so a bad one is named first
     parent = os.path.dirname(os.path.abspath(out))
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(out))}.", dir=parent)
     try:
-        write_model(tmp, model, info, pooler, saved, encoder_only)
-        write_tokenizer(tmp, model.config.block_size)
-        st = write_sentence_transformers(tmp, model.config.block_size)
+        write_model(tmp, backbone, info, pooler, saved, encoder_only)
+        write_tokenizer(tmp, backbone.config.block_size)
+        st = write_sentence_transformers(tmp, backbone.config.block_size)
         os.rename(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -7,6 +7,7 @@ FLOPs so far, and every process's RNG state. Weights and optimizer state are ful
 parameter name, so any script reads any run's checkpoint, and a run resumes with or without FSDP. Writes are atomic.
 """
 import functools
+from dataclasses import fields
 import glob
 import hashlib
 import os
@@ -20,7 +21,9 @@ import torch.distributed as dist
 from configurator import UserError
 from model import MODELS, ModelConfig
 
-BLOCK_BEFORE = dict(mlp="gelu", emb_norm=False, lm_head=False, decoder_bias=False)
+# the block switches of checkpoints from before the block was fixed, at today's block; earlier blocks load with the code
+# of commit 5bd5a8c, the last that had them
+FIXED_BLOCK = dict(mlp="geglu", emb_norm=True, lm_head=True, decoder_bias=True, rope_base=10000.0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,7 +85,14 @@ def read_checkpoint(path, device="cpu"):
     if not isinstance(ckpt, dict) or not {"model", "model_type", "model_args"} <= ckpt.keys():
         raise UserError(f"{path} is not a checkpoint written by train.py (no model/model_type/model_args); "
                         "pass the ckpt.pt from a training run's out_dir")
-    ckpt["model_args"] = {**BLOCK_BEFORE, **ckpt["model_args"]}
+    if "vocab_map" not in ckpt:  # written before the block was fixed and the vocabulary map left the model
+        args = ckpt["model_args"]
+        if "mlp" not in args or any(args.get(k, v) != v for k, v in FIXED_BLOCK.items()):
+            block = ", ".join(f"{k}={args.get(k)}" for k in FIXED_BLOCK)
+            raise UserError(f"{path} holds a model of an earlier block ({block}); read it with the code of commit "
+                            "5bd5a8c (git checkout 5bd5a8c)")
+        ckpt["model_args"] = {k: v for k, v in args.items() if k in {f.name for f in fields(ModelConfig)}}
+        ckpt["vocab_map"] = ckpt["model"].pop("vocab_map", None)
     bad = [k for k, v in ckpt["model"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
     if bad:
         raise UserError(f"{path} holds non-finite weights ({', '.join(bad[:3])}): it is corrupted or its run "
@@ -91,7 +101,8 @@ def read_checkpoint(path, device="cpu"):
 
 
 def load_checkpoint(path, device="cpu"):
-    """(model in eval mode, checkpoint dict) from a checkpoint file written by train.py."""
+    """(model in eval mode, checkpoint dict) from a checkpoint file written by train.py; the dict's vocab_map is the
+    map from GPT-2 ids to the model's (None: the same ids), which the data was read through."""
     ckpt = read_checkpoint(path, device)
     # older checkpoints have model_type at the top level only, not in model_args
     config = ModelConfig(**{**ckpt["model_args"], "model_type": ckpt["model_type"]})

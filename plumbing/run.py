@@ -6,20 +6,21 @@ PREEMPTED, after which --init_from=resume continues it exactly.
 """
 import gc
 import json
+import math
 import os
 import signal
 import socket
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict
 
 import torch
 import torch.distributed as dist
 
-from configurator import UserError
+from configurator import UserError, make_config
 from data.tasks import GLUE, load_task
-from model import make_config
-from plumbing.checkpoint import model_state, read_checkpoint
+from plumbing.checkpoint import model_state, read_checkpoint, restore
 from plumbing.checks import at_least, check_device, check_writable
 
 # settings a resumed run may change; any other difference would break "resume continues exactly"
@@ -131,23 +132,53 @@ def start_log(out_dir, resumed_step=None, wandb_run=None):
     return write
 
 
-def probe_run(probe, model, s, device, group):
-    """The frozen probes of a run's model, the paper's monitor: probe.probe_tasks (passed in, since probe.py imports
-    this module through features.py) with train.py's settings s (probe_tasks, probe_glue_dir, probe_max_train), on
-    rank 0, whose scores it returns (None elsewhere). Every process calls it; the others wait in `group`, a group with
-    a long timeout, since a probe may take longer than the default group's (10-30 min), which would end the run in
-    whatever collective they waited in instead. A sharded model (FSDP) cannot run on one process alone: rank 0 probes
-    an unsharded copy."""
+def probe_run(model, vocab_map, s, device, group):
+    """The frozen probes of a run's model (with its vocabulary map), the paper's monitor: probe.probe_tasks with
+    train.py's settings s (probe_tasks, probe_glue_dir, probe_max_train), on rank 0, whose scores it returns (None
+    elsewhere). Every process calls it; the others wait in `group`, a group with a long timeout, since a probe may take
+    longer than the default group's (10-30 min), which would end the run in whatever collective they waited in
+    instead. A sharded model (FSDP) cannot run on one process alone: rank 0 probes an unsharded copy."""
+    from evaluation.features import Backbone  # imported only by a run that probes
+    from probe import probe_tasks
     master = not dist.is_initialized() or dist.get_rank() == 0
     if s["fsdp"]:
         state = model_state(model)
         if master:
             model = type(model)(model.config).to(device)
             model.load_state_dict(state)
-    scores = probe(model, s["probe_tasks"], s["probe_glue_dir"] or None, s["probe_max_train"]) if master else None
+    scores = probe_tasks(Backbone(model, vocab_map), s["probe_tasks"], s["probe_glue_dir"] or None,
+                         s["probe_max_train"]) if master else None
     if dist.is_initialized():
         dist.barrier(group=group)
     return scores
+
+
+def init_processes(device, rank, local_rank, join_timeout):
+    """A torchrun process's device (its GPU, cuda:LOCAL_RANK) and process group; ranks above 0 first wait for the
+    master's address to answer (reach_master). Returns the device."""
+    if device.startswith("cuda"):
+        device = f"cuda:{local_rank}"
+        torch.cuda.set_device(device)
+    if rank > 0:
+        reach_master(join_timeout)
+    dist.init_process_group(backend="nccl" if device.startswith("cuda") else "gloo")
+    return device
+
+
+def describe(model, s, world_size, grad_accum, micro_batch, flops_per_step, max_iters, unigram, peak):
+    """The lines a run starts its log with: the model, the batch and budget, the peak MFU divides by, the unigram
+    baseline."""
+    V, _, M = model.config.views
+    T = s["block_size"]
+    return (f"{s['model_type']}: {model.num_params() / 1e6:.2f}M parameters ({model.num_params(True) / 1e6:.2f}M "
+            f"non-embedding), vocabulary {model.config.vocab_size}, mask ratio {M / T:.4g}, {V} view(s) per row, "
+            f"{V * M} of {T} positions predicted per row\n"
+            f"{world_size} process(es) x {grad_accum} micro-step(s) x {micro_batch} rows x {T} tokens = "
+            f"{s['total_batch_size']} tokens per step; {flops_per_step / 1e9:.2f} GFLOPs per step; {max_iters} steps = "
+            f"{max_iters * flops_per_step:.2e} FLOPs; device {s['device']}, {s['dtype']}\n"
+            f"MFU is against a peak of {peak.per_device:.3g} FLOP/s per device "
+            f"({'its datasheet' if peak.from_table else 'the best of 10 matmuls'})\n"
+            f"unigram baseline: a model that ignores context scores {unigram:.4f} nats on val")
 
 
 def stop_non_finite(step, what, value, ckpt_path, s):
@@ -155,6 +186,69 @@ def stop_non_finite(step, what, value, ckpt_path, s):
     saved = f"resume from {ckpt_path} (--init_from=resume)" if os.path.exists(ckpt_path) else "no checkpoint was written"
     raise UserError(f"step {step}: {what} is {value}; stopping without saving. {saved}, and try a lower learning_rate "
                     f"(now {s['learning_rate']}), a lower init_std (now {s['init_std']}), or grad_clip")
+
+
+class Meter:
+    """A run's training steps between two log points: the loss and the model's stats (train.py's metrics(): summed on
+    the device and read only at a log point, so no step waits for a sync) and the time spent training (evaluations
+    excluded); report() turns them into the record and line to log: throughput in input tokens and view positions, and
+    MFU against the peak (measured again when the run beats it: it was measured on a busy machine)."""
+
+    def __init__(self, peak, flops_per_step, tokens_per_step, positions_per_step, log, write_log):
+        self.peak, self.flops, self.tokens, self.positions = peak, flops_per_step, tokens_per_step, positions_per_step
+        self.log, self.write_log = log, write_log
+        self.total, self.steps, self.t0 = 0, 0, time.perf_counter()
+
+    def add(self, metrics):
+        self.total = self.total + metrics
+
+    @contextmanager
+    def paused(self):  # what runs inside is not training time
+        t = time.perf_counter()
+        yield
+        self.t0 += time.perf_counter() - t
+
+    def report(self, step, max_iters, lr, names, tokens, flops, stop):
+        """Log the mean loss and stats (`names`) of the steps since the last report; stop(loss) if it is not finite."""
+        if dist.is_initialized():
+            dist.all_reduce(self.total, op=dist.ReduceOp.AVG)
+        train_loss, *parts = (self.total / self.steps).tolist()
+        if not math.isfinite(train_loss):
+            stop(train_loss)
+        dt, parts = (time.perf_counter() - self.t0) / self.steps, dict(zip(names, parts))
+        if self.peak.measure_again(self.flops / dt):
+            self.log(f"note: this run beat the matmul peak measured at its start; peak now {self.peak.per_device:.3g} "
+                     "FLOP/s per device (measured again, and at least what the run achieved)")
+            self.write_log({"step": step, "peak_flops_per_device": self.peak.per_device})
+        r = {"step": step, "loss": round(train_loss, 4), "lr": lr, **{k: round(v, 4) for k, v in parts.items()},
+             "input_tokens_per_s": round(self.tokens / dt), "view_positions_per_s": round(self.positions / dt),
+             "mfu": round(self.flops / dt / self.peak.flops, 4), "tokens": tokens, "flops": flops,
+             "ms_per_step": round(1000 * dt, 1)}
+        shown = f" ({', '.join(f'{k} {v:.4f}' for k, v in parts.items())})" if parts else ""
+        self.log(f"step {step}/{max_iters}: loss {train_loss:.4f}{shown}, lr {lr:.2e}, {r['input_tokens_per_s']} "
+                 f"input tok/s ({r['view_positions_per_s']} view positions/s), MFU {100 * r['mfu']:.1f}%, "
+                 f"{1000 * dt:.0f} ms/step, {flops:.2e} FLOPs")
+        self.write_log(r)
+        self.total, self.steps, self.t0 = 0, 0, time.perf_counter()
+
+
+def resume(ckpt, path, model, optimizer, rank, device, log):
+    """Copy the checkpoint ckpt (read from path) into a run: its weights, optimizer and RNG states (restore). Returns
+    its (step, tokens, FLOPs, length, wandb run id), where the resumed run goes on."""
+    if not restore(ckpt, model, optimizer, rank, device):  # only dropout draws from the RNG
+        exact = ", so the run is no longer exact" if ckpt["model_args"]["dropout"] else " (dropout is 0: nothing changes)"
+        log(f"note: {path} holds {ckpt['rng_device']} RNG states and this run is on {device.type}: dropout draws a "
+            f"fresh stream{exact}")
+    log(f"resumed from {path} at step {ckpt['step']}")
+    return ckpt["step"], ckpt["tokens"], ckpt["flops"], ckpt.get("max_iters"), ckpt.get("wandb_id")
+
+
+def shard(model):
+    """FSDP2: each block's parameters, gradients and optimizer state sharded over the processes."""
+    from torch.distributed.fsdp import fully_shard
+    for block in [*model.blocks, *getattr(model, "predictor", []), *getattr(model, "generator", [])]:
+        fully_shard(block)
+    fully_shard(model)
 
 
 # -----------------------------------------------------------------------------

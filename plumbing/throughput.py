@@ -67,21 +67,41 @@ def checked_peak(peak, achieved, measure):
     return peak if achieved <= peak else max(measure(), achieved)
 
 
+class Peak:
+    """The peak FLOP/s of a run's devices together, that MFU divides by: measured again, and never below what the run
+    achieved, when a run beats it (checked_peak)."""
+
+    def __init__(self, device, dtype, processes):
+        self.device, self.dtype, self.processes = device, dtype, processes
+        self.from_table = peak_from_table(device, dtype) is not None
+        self.flops = peak_flops(device, dtype) * processes
+
+    @property
+    def per_device(self):
+        return self.flops / self.processes
+
+    def measure_again(self, achieved):
+        """Whether the run beat the peak (achieved FLOP/s); if so the peak is measured again."""
+        if achieved <= self.flops:
+            return False
+        self.flops = checked_peak(self.flops, achieved, lambda: self.processes * peak_flops(self.device, self.dtype))
+        return True
+
+
 def time_steps(model_type, s, device, autocast):
     """Time s["steps"] training steps of one model: a dict of its config, input tokens/s, view positions/s,
     FLOP/s, the seconds of the untimed warmup (compilation happens there), the peak device memory (CUDA) and,
     with s["flash_check"], the flash check's outcome (True, or the error it raised)."""
-    from model import MODELS, make_config  # only the timer builds models: the counts read a config alone
+    from configurator import make_config  # only the timer builds models: the counts read a config alone
+    from model import MODELS
     torch.manual_seed(s["seed"])
     t_start = time.perf_counter()
     cfg = make_config({**s, "model_type": model_type})
     model = MODELS[model_type](cfg).to(device)
     optimizer = model.configure_optimizers(0.1, 1e-4, (0.9, 0.95), device.type)
-    if model.vocab_map is not None:  # a compact vocabulary: spread the synthetic token ids over it, as a real map does
-        model.vocab_map.copy_(torch.arange(cfg.token_ids, device=device) % cfg.vocab_size)
     step_fn = torch.compile(model) if s["compile"] else model
     B, T = s["batch_size"], s["block_size"]
-    idx = torch.randint(0, 50257, (B, T), device=device)
+    idx = torch.randint(0, cfg.mask_token_id, (B, T), device=device)  # text ids, of a compact vocabulary too
     gen = torch.Generator(device).manual_seed(s["seed"])
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

@@ -39,9 +39,15 @@ def test_smoke_run_writes_the_report(tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["--device=tpu"], "--device='tpu': expected cpu or cuda[:N]"),
     (["--tasks={w}/none"], "--tasks: "),
+    (["--tasks="], "--tasks is needed: the probes' task folders (train.tsv, dev.tsv), or a folder of them, e.g. "
+                   "--tasks=DIR/devtasks"),
+    (["--tasks={tasks}", "--dataset=unprepared"], "--corpus is needed: data/unprepared is not prepared; pass the "
+                                                  "corpus's files, e.g. --corpus=DIR/unprepared"),
 ])
 def test_bad_input_is_one_line(args, message, tmp_path, monkeypatch, capsys):
     args = [a.replace("{w}", str(tmp_path)) for a in args]
+    if "--tasks={tasks}" in args:  # tasks that read, for a check that follows them
+        args[args.index("--tasks={tasks}")] = f"--tasks={tiny_tasks(tmp_path)}"
     report = tmp_path / "report" / "cpu.md"
     assert message in script_error(monkeypatch, capsys, "experiments/acceptance.py", "--smoke", "--device=cpu",
                                    f"--report={report}", f"--work_dir={tmp_path / 'work'}", *args)

@@ -258,3 +258,30 @@ def test_loader_bad_files(tmp_path):
         TokenWindows(tmp_path / "empty.bin", 10)
     with pytest.raises(FileNotFoundError, match="does not exist.*prepare.py"):
         TokenWindows(tmp_path / "missing.bin", 10)
+
+
+# ---- task folders
+
+
+def test_a_seeded_subset_keeps_every_class_of_train(tmp_path):
+    """A small max_train keeps a row of every class of train (the rest drawn as before), so a dev label is never
+    missing because of the subset; a dev label that train lacks altogether is still the user's file's error."""
+    from configurator import UserError
+    from data.tasks import load_task, train_subset
+
+    def task(folder, train, dev):
+        folder.mkdir()
+        for split, labels in (("train", train), ("dev", dev)):
+            rows = ["sentence\tlabel"] + [f"text {i}\t{y}" for i, y in enumerate(labels)]
+            (folder / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+        return str(folder)
+
+    rare = task(tmp_path / "rare", ["a", "b"] * 100 + ["r1", "r2", "r3"], ["a", "b", "r1", "r2", "r3"])
+    for seed in (0, 1337):
+        t = load_task(rare, max_train=10, seed=seed)
+        assert len(t["train"][1]) == 10 and sorted(set(t["train"][1])) == [0, 1, 2, 3, 4]  # a, b, r1, r2, r3
+    # a subset that has every class anyway is the plain seeded one
+    common = task(tmp_path / "common", ["a", "b"] * 100, ["a", "b"])
+    assert load_task(common, max_train=10)["train"][0] == [(f"text {i}",) for i in train_subset(200, 10)]
+    with pytest.raises(UserError, match="absent/dev.tsv: label 'z' is not one of a, b"):
+        load_task(task(tmp_path / "absent", ["a", "b"] * 100, ["a", "z"]), max_train=10)

@@ -253,7 +253,8 @@ LINES = ["A cat sits on the mat.", "", "Stocks fell sharply today, and the bank'
 def saved_backbone(folder):
     model = tiny_model()
     path = folder / "ckpt.pt"
-    save_checkpoint(path, dict(model=model.state_dict(), model_type="crossbert", model_args=vars(model.config)))
+    save_checkpoint(path, dict(model=model.state_dict(), model_type="crossbert", model_args=vars(model.config),
+                               vocab_map=None))
     return model, path
 
 

@@ -324,9 +324,9 @@ def test_resumed_log_has_no_duplicates_and_scratch_log_is_new(dataset, tmp_path)
     ("flops.py", ["--n_embd=big"], "n_embd must be a int"),
     ("flops.py", ["--block_size=33"], "CrossBERT: CMS with mask_ratio=0.5 cuts each sequence into 2 views"),
     ("experiments/sweep.py", ["--preset=tpu"], "--preset='tpu': expected one of cpu, cpu-gutenberg, ladder, gpu"),
-    ("experiments/noise.py", ["--like=no/such.pt"], "no/such.pt: no such checkpoint"),
+    ("experiments/noise.py", ["--like=no/such.pt", "--tasks=x"], "no/such.pt: no such checkpoint"),
     ("experiments/noise.py", ["--like=x", "--init_seeds=1"], "--init_seeds and --probe_seeds: at least 2 each"),
-    ("experiments/noise.py", ["--like=x", "--out=README.md/noise.json"],
+    ("experiments/noise.py", ["--like=x", "--tasks=x", "--out=README.md/noise.json"],
      "README.md is a file, not a folder; pick another --out"),
 ])
 def test_other_scripts_end_bad_input_in_one_line(script, args, message, tmp_path, monkeypatch, capsys):
@@ -416,10 +416,11 @@ def test_embed_refuses_meaningless_training(args, message, tmp_path, shared_dir,
 def test_non_finite_weights_are_caught_at_load(tmp_path):
     from plumbing.checkpoint import load_checkpoint, save_checkpoint
     from model import CrossBERT, ModelConfig
-    model = CrossBERT(ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64, mask_token_id=62))
+    model = CrossBERT(ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=64))
     state = model.state_dict()
     state["blocks.0.mlp.fc.weight"][0, 0] = float("inf")  # one flipped exponent
-    save_checkpoint(tmp_path / "ckpt.pt", dict(model=state, model_type="crossbert", model_args=vars(model.config)))
+    save_checkpoint(tmp_path / "ckpt.pt", dict(model=state, model_type="crossbert", model_args=vars(model.config),
+                                               vocab_map=None))
     with pytest.raises(ValueError, match="non-finite weights \\(blocks.0.mlp.fc.weight\\)"):
         load_checkpoint(tmp_path / "ckpt.pt")
 

@@ -1,6 +1,7 @@
 """export.py: a checkpoint to a folder that transformers (and sentence-transformers) load, with the same features
 as model.encode() and embed.py, and its tokenizer. The round trips skip without the optional extras; CI installs them.
 The heads on the export (fill-mask, fine-tuning) are tests/test_hf_heads.py's."""
+import ast
 import json
 import os
 import sys
@@ -9,12 +10,12 @@ import pytest
 import torch
 
 import export
-from plumbing.checkpoint import save_checkpoint
-from conftest import assert_one_line_error
-from data.tokenizer import EOT, MASK, PAD, encode, encode_masked, load_ranks
+from conftest import ROOT, assert_one_line_error
+from data.tokenizer import EOT, MASK, PAD, VOCAB_SIZE, encode, encode_masked, load_ranks
 from embeddings.vectors import AttentionPooler, POOLERS, embed_texts, save_pooler
-from evaluation.features import pad, random_twin, tokenize
+from evaluation.features import Backbone, pad, random_twin, tokenize
 from model import MODELS, ModelConfig
+from plumbing.checkpoint import save_checkpoint
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=512)
 TEXTS = ["A short one.", "", "Naïve café — 東京 emoji 🙂, and <unk> or <mask spelled out.",
@@ -22,17 +23,18 @@ TEXTS = ["A short one.", "", "Naïve café — 東京 emoji 🙂, and <unk> or <
 
 
 def write_ckpt(tmp_path, model_type="crossbert", seed=0):
-    """A checkpoint of a tiny model with a compact vocabulary and weights moved off their init."""
+    """A checkpoint of a tiny model with a compact vocabulary (a random map) and weights moved off their init; and
+    the model with its map, which read GPT-2 ids as the export must."""
     torch.manual_seed(seed)
     model = MODELS[model_type](ModelConfig(model_type=model_type, **TINY))
-    model.vocab_map.copy_(torch.randint(0, TINY["vocab_size"] - 3, model.vocab_map.shape))
+    vocab_map = torch.randint(0, TINY["vocab_size"] - 3, (VOCAB_SIZE,))
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     path = tmp_path / f"{model_type}.pt"
     save_checkpoint(path, dict(model=model.state_dict(), model_type=model_type, model_args=vars(model.config),
-                               step=7))
-    return path, model.eval()
+                               vocab_map=vocab_map, step=7))
+    return path, Backbone(model, vocab_map).eval()
 
 
 def write_pooler(tmp_path, kind, seed=0):
@@ -65,25 +67,46 @@ def test_bpe_files_rebuild_gpt2s_merges():
 @pytest.mark.parametrize("encoder_only", [False, True])
 def test_export_holds_the_model_or_the_encoder_only(encoder_only, tmp_path):
     """By default the whole trained model (encoder, and what fills masks) under model.py's names; with
-    --encoder_only=True the encoder's tensors alone (no LM head, predictor or generator)."""
+    --encoder_only=True the encoder's tensors alone (no LM head, predictor or generator). Both hold the vocabulary
+    map, and code that imports nothing from the project (the folder is used where the project is not)."""
     pytest.importorskip("safetensors")
     from safetensors.torch import load_file
     for model_type in MODELS:
-        path, model = write_ckpt(tmp_path, model_type)
+        path, backbone = write_ckpt(tmp_path, model_type)
         out = tmp_path / f"{model_type}-export"
         export.main([f"--ckpt={path}", f"--out={out}", f"--encoder_only={encoder_only}"])
         tensors = load_file(out / "model.safetensors")
-        want = {k for k in model.state_dict() if k.startswith(export.ENCODER_KEYS) or not encoder_only}
-        assert {k.removeprefix("model.") for k in tensors} == want
+        state = backbone.model.state_dict()
+        want = {k for k in state if k.startswith(export.ENCODER_KEYS) or not encoder_only}
+        assert set(tensors) == {f"model.{k}" for k in want} | {"vocab_map"}
         assert any(k.startswith(("model.predictor", "model.generator", "model.head")) for k in tensors) != encoder_only
         for k in want:
-            assert torch.equal(tensors[f"model.{k}"], model.state_dict()[k])
+            assert torch.equal(tensors[f"model.{k}"], state[k])
+        assert torch.equal(tensors["vocab_map"], backbone.vocab_map)
         config = json.loads((out / "config.json").read_text())
         assert config["trained_as"] == model_type and config["encoder"]["n_layer"] == TINY["n_layer"]
-        assert config["encoder"]["lm_head"] is False and config["pooler"] is None
-        assert config["masked_lm"] == (None if encoder_only else json.loads(json.dumps(vars(model.config))))
+        assert config["encoder"]["model_type"] == "bert" and config["pooler"] is None
+        assert config["vocab_size"] == VOCAB_SIZE and config["encoder"]["vocab_size"] == TINY["vocab_size"]
+        assert config["masked_lm"] == (None if encoder_only else json.loads(json.dumps(vars(backbone.config))))
         code = (out / "model.py").read_text()
         assert "\nfrom .masking import " in code and "\nfrom masking import " not in code
+        assert_self_contained(out)
+
+
+def assert_self_contained(folder):
+    """Every import of the folder's code is relative (its own files) or of a module outside the project."""
+    project = {p.stem for p in ROOT.iterdir() if p.suffix == ".py" or p.is_dir()}
+    names = [p.name for p in folder.glob("*.py")]
+    assert {"modeling_crossbert.py", "model.py", "masking.py", "poolers.py"} <= set(names)
+    for name in names:
+        for node in ast.walk(ast.parse((folder / name).read_text())):
+            if isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:  # level 1: `from .model import`, the folder's
+                modules = [node.module]
+            else:
+                continue
+            assert not {m.split(".")[0] for m in modules} & project, (name, modules)
 
 
 @pytest.mark.slow
@@ -91,12 +114,13 @@ def test_export_of_a_random_twin(tmp_path):
     """--ckpt=random --like=CKPT writes features.random_twin(CKPT): its vocabulary map, fresh weights of --seed."""
     pytest.importorskip("safetensors")
     from safetensors.torch import load_file
-    path, model = write_ckpt(tmp_path)
+    path, backbone = write_ckpt(tmp_path)
     export.main(["--ckpt=random", f"--like={path}", "--seed=3", f"--out={tmp_path / 'twin'}"])
     tensors = load_file(tmp_path / "twin" / "model.safetensors")
-    twin = random_twin(model, 3).state_dict()
+    twin = random_twin(backbone, 3).model.state_dict()
     assert all(torch.equal(tensors[f"model.{k}"], v) for k, v in twin.items())
-    assert torch.equal(twin["vocab_map"], model.vocab_map) and not torch.equal(twin["wte.weight"], model.wte.weight)
+    assert torch.equal(tensors["vocab_map"], backbone.vocab_map)
+    assert not torch.equal(twin["wte.weight"], backbone.model.wte.weight)
     trained = json.loads((tmp_path / "twin" / "config.json").read_text())["trained"]
     assert trained["ckpt"] == "random" and trained["like"] == str(path) and trained["seed"] == 3
 
@@ -108,7 +132,7 @@ def test_transformers_loads_the_export_with_the_same_features(model_type, kind, 
     """AutoModel's states equal model.encode()'s on a padded batch, and its pooler_output equals embed.py's vectors
     (the saved pooler's, or mean pooling), within 1e-5 in fp32; AutoTokenizer gives data/tokenizer.py's ids."""
     transformers = pytest.importorskip("transformers")
-    path, model = write_ckpt(tmp_path, model_type)
+    path, backbone = write_ckpt(tmp_path, model_type)
     pooler_path, pooler = write_pooler(tmp_path, kind) if kind else ("", None)
     out = tmp_path / "export"
     export.export(str(path), str(out), str(pooler_path))
@@ -121,10 +145,10 @@ def test_transformers_loads_the_export_with_the_same_features(model_type, kind, 
     assert torch.equal(batch["input_ids"], ours) and torch.equal(batch["attention_mask"].bool(), mask)
     with torch.no_grad():
         got = hf(**batch)
-        want = model.encode(ours, mask)
+        want = backbone.encode(ours, mask)
     m = mask[..., None]
     assert ((got.last_hidden_state - want) * m).abs().max() <= 1e-5
-    assert (got.pooler_output - embed_texts(model, pooler, texts)).abs().max() <= 1e-5
+    assert (got.pooler_output - embed_texts(backbone, pooler, texts)).abs().max() <= 1e-5
 
 
 @pytest.mark.slow
@@ -150,14 +174,14 @@ def test_the_tokenizer_reads_special_tokens_and_joins_pairs_as_features_py(tmp_p
 @pytest.mark.parametrize("kind", [None, "attn"])
 def test_sentence_transformers_encode_equals_embed_py(kind, tmp_path):
     st = pytest.importorskip("sentence_transformers")
-    path, model = write_ckpt(tmp_path)
+    path, backbone = write_ckpt(tmp_path)
     pooler_path, pooler = write_pooler(tmp_path, kind) if kind else ("", None)
     out = tmp_path / "export"
     export.export(str(path), str(out), str(pooler_path))
     texts = [t for t in TEXTS if t] * 5
     got = st.SentenceTransformer(str(out), trust_remote_code=True, device="cpu").encode(texts, convert_to_tensor=True,
                                                                                           batch_size=8)
-    assert (got.cpu() - embed_texts(model, pooler, texts)).abs().max() <= 1e-5
+    assert (got.cpu() - embed_texts(backbone, pooler, texts)).abs().max() <= 1e-5
 
 
 def test_bad_export_input_is_one_line_and_loses_nothing(tmp_path):

@@ -12,9 +12,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (script, how its help begins, a setting's row: its start and a fragment of its comment)
 SETTINGS_SCRIPTS = [
-    ("train.py", "Pretrain BERT, CrossBERT or ELECTRA", "--vocab_size=8192", "frequent ids + <unk>, <mask>, <pad>"),
+    ("train.py", "Pretrain BERT, CrossBERT or ELECTRA", "--vocab_size=8192", "fewer: a compact"),  # ModelConfig's
     ("bench.py", "Times full training steps", "--warmup=3", "untimed steps first"),
-    ("flops.py", "Analytic parameter and FLOP counts", "--n_layer=4", "encoder depth"),  # ModelConfig's comment
+    ("flops.py", "Analytic parameter and FLOP counts", "--n_layer=2", "encoder depth"),  # ModelConfig's comment
     ("experiments/sweep.py", "The paper's comparison at your scale", "--micro_batch=0", "0 = the preset's"),
     ("experiments/acceptance.py", "The GPU acceptance run", "--report=", "experiments/results/gpu/<device>.md"),
     ("experiments/ladder_gpu.py", "The ladder's next runs on one lent GPU", "--minutes=8.0", "from its start to its last"),
@@ -46,7 +46,7 @@ def test_the_evaluators_help_shows_every_setting_with_a_comment(script, capsys):
         f"--{k}={v if isinstance(v, str) else repr(v)}" for k, v in module.settings.items()]
     assert all(len(r) == 2 for r in rows), [r[0] for r in rows if len(r) < 2]
     if script in ("probe", "embed"):
-        assert dict(rows)["--n_layer=4"] == "its encoder depth"
+        assert dict(rows)["--n_layer=2"] == "its encoder depth"
 
 
 def test_setting_comments_reads_the_settings_not_later_code(tmp_path):

@@ -11,12 +11,12 @@ import torch.nn.functional as F
 import export
 import finetune
 import sample
-from plumbing.checkpoint import save_checkpoint
 from conftest import assert_one_line_error, tiny_tasks
 from data.tokenizer import MASK, VOCAB_SIZE, compact_vocab
-from evaluation.features import mean_pool, pad, tokenize
+from evaluation.features import Backbone, mean_pool, pad, tokenize
 from masking import Views
 from model import MODELS, ModelConfig
+from plumbing.checkpoint import save_checkpoint
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=48)
 TEXT = "Once upon a <mask>, the old <mask> sat by the sea and <mask> at the sky."
@@ -25,19 +25,21 @@ TEXT = "Once upon a <mask>, the old <mask> sat by the sea and <mask> at the sky.
 def write_ckpt(tmp_path, model_type, vocab_size=512, seed=0):
     """A checkpoint of a tiny model with weights moved off their init, and a compact vocabulary as train.py makes one
     (the most frequent ids, of random counts here) whose <unk> row is made a likely fill, so that it is among the top
-    5; vocab_size=0: GPT-2's full vocabulary."""
+    5; vocab_size=0: GPT-2's full vocabulary. And the model with its map, which read GPT-2 ids as the export must."""
     torch.manual_seed(seed)
     model = MODELS[model_type](ModelConfig(model_type=model_type, vocab_size=vocab_size or VOCAB_SIZE, **TINY))
+    vocab_map = None
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
         if vocab_size:
             counts = np.random.default_rng(seed).integers(0, 1000, VOCAB_SIZE)
-            model.vocab_map.copy_(torch.from_numpy(compact_vocab(counts, vocab_size)))
+            vocab_map = torch.from_numpy(compact_vocab(counts, vocab_size))
             model.decoder_bias[vocab_size - 3] += 2.0  # compact_vocab's <unk> row
     path = tmp_path / f"{model_type}.pt"
-    save_checkpoint(path, dict(model=model.state_dict(), model_type=model_type, model_args=vars(model.config), step=7))
-    return path, model.eval()
+    save_checkpoint(path, dict(model=model.state_dict(), model_type=model_type, model_args=vars(model.config),
+                               vocab_map=vocab_map, step=7))
+    return path, Backbone(model, vocab_map).eval()
 
 
 def exported(tmp_path, model_type, vocab_size=512, **kwargs):
@@ -62,7 +64,9 @@ def test_fill_mask_pipeline_gives_sample_pys_fills(model_type, vocab_size, tmp_p
     where = [i for i, t in enumerate(ids) if t == MASK]
     seen = [i for i in range(len(ids)) if i not in where]
     views = Views(torch.zeros(1, dtype=torch.long), torch.tensor([seen]), torch.tensor([where]))  # as fill_masks()
-    probs = sample.fills(model, ids, views)
+    with torch.no_grad():  # sample.fills(): the softmax of model.fill() over the rows a text can hold
+        logits = model.model.fill(model.ids(torch.tensor([ids]))[views.rows], views)
+    probs = logits[..., :model.config.mask_token_id].float().softmax(-1)
     row_text, shown = sample.row_texts(model), []
     assert len(got) == len(where) == 3
     for p, fills in zip(probs[0], got):
@@ -72,7 +76,7 @@ def test_fill_mask_pipeline_gives_sample_pys_fills(model_type, vocab_size, tmp_p
         # each fill's token: the one id whose row it is, or <unk>, the name of a row many rare ids share
         for f, r in zip(fills, rows.tolist()):
             unk = f["token_str"] == "<unk>"
-            assert f["token"] == export.UNK if unk else model.vocab_ids(torch.tensor(f["token"])) == r
+            assert f["token"] == export.UNK if unk else model.ids(torch.tensor(f["token"])) == r
         shown += [f["token_str"] for f in fills]
     assert ("<unk>" in shown) == bool(vocab_size)
 
@@ -113,6 +117,7 @@ def test_an_encoder_only_export_fills_no_mask(tmp_path):
     ids = torch.tensor([[464, 3290, 318, 922]])
     with torch.no_grad():
         assert (hf(input_ids=ids).last_hidden_state - model.encode(ids)).abs().max() <= 1e-5
+    assert not any(k.startswith(("model.head", "model.decoder_bias")) for k in hf.state_dict())  # no LM head
 
 
 @pytest.mark.slow
@@ -168,7 +173,8 @@ def test_finetune_trains_under_the_trainer(freeze, tmp_path):
     assert losses[-1] < 0.75 * losses[0] and history[-2]["eval_score"] == 100.0
     tuned = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "ft", trust_remote_code=True)
     wte = tuned.crossbert.model.wte.weight
-    assert torch.equal(wte, model.wte.weight) == freeze
+    assert torch.equal(wte, model.model.wte.weight) == freeze
+    assert torch.equal(tuned.crossbert.vocab_map, torch.arange(VOCAB_SIZE))  # saved with it: the same ids
     assert json.loads((tmp_path / "ft" / "config.json").read_text())["problem_type"] == "single_label_classification"
 
 

@@ -148,6 +148,8 @@ def test_smoke_trains_probes_and_records_in_the_ladders_format(tmp_path):
     (["--out="], "--out is needed"),
     (["--lr_scales=1,x2"], "--lr_scales=1,x2: expected comma-separated positive multipliers"),
     (["--lr_scales=0"], "--lr_scales=0: expected comma-separated positive multipliers"),
+    ([], "--tasks is needed: the probes' task folders (train.tsv, dev.tsv) to pack, or a folder of them, e.g. "
+         "--tasks=DIR/devtasks"),
 ])
 def test_bad_input_is_one_line(args, message, tmp_path, monkeypatch, capsys):
     assert message in script_error(monkeypatch, capsys, "experiments/ladder_gpu.py", "--smoke", "--device=cpu",

@@ -26,7 +26,8 @@ def test_noise_measures_each_source_and_writes_every_score(tmp_path, capsys):
         (task / f"{split}.tsv").write_text("\n".join(rows) + "\n")
     model = CrossBERT(ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=32))
     path = tmp_path / "ckpt.pt"
-    save_checkpoint(path, dict(model=model.state_dict(), model_type="crossbert", model_args=vars(model.config)))
+    save_checkpoint(path, dict(model=model.state_dict(), model_type="crossbert", model_args=vars(model.config),
+                               vocab_map=None))
     out = tmp_path / "not" / "yet" / "noise.json"  # its folder is made
     noise.main([f"--like={path}", f"--trained={path},{path}", f"--tasks={task}", "--init_seeds=3",
                 "--probe_seeds=2", f"--out={out}"])
@@ -58,6 +59,8 @@ def test_help_lists_the_settings():
     ([], "--like: pass a checkpoint"),
     (["--probe_seeds=1"], "--init_seeds and --probe_seeds: at least 2 each"),
     (["--max_train=many"], "max_train must be a int"),
+    (["--tasks="], "--tasks is needed: the task folders (train.tsv, dev.tsv) to probe, or a folder of them, e.g. "
+                   "--tasks=DIR/devtasks"),
 ])
 def test_bad_input_is_one_line(args, message, tmp_path, monkeypatch, capsys):
     like = [f"--like={tmp_path / 'ckpt.pt'}"] if args else []  # checked before the checkpoint is read

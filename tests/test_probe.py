@@ -184,7 +184,8 @@ def test_checkpoint_and_train_monitor(tmp_path):
     glue = str(tiny_glue(tmp_path / "glue"))
     torch.manual_seed(0)
     model = CrossBERT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=32))
-    torch.save(dict(model=model.state_dict(), model_type="crossbert", model_args=asdict(model.config), step=7),
+    torch.save(dict(model=model.state_dict(), model_type="crossbert", model_args=asdict(model.config), step=7,
+                    vocab_map=None),
                tmp_path / "ckpt.pt")
     probe.main([f"--ckpt={tmp_path / 'ckpt.pt'}", f"--glue_dir={glue}", "--tasks=SST-2", f"--out={tmp_path / 'p.json'}"])
     out = json.loads((tmp_path / "p.json").read_text())
@@ -201,18 +202,19 @@ def test_checkpoint_and_train_monitor(tmp_path):
 def test_random_twin_of_a_checkpoint_keeps_its_shape_and_vocabulary_map(tmp_path, monkeypatch, capsys):
     torch.manual_seed(123)
     model = CrossBERT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=64))
-    model.vocab_map.copy_(torch.randint(0, 64, model.vocab_map.shape))  # a compact vocabulary's map
+    vocab_map = torch.randint(0, 64, (50304,))  # a compact vocabulary's map
     ckpt = tmp_path / "ckpt.pt"
-    torch.save(dict(model=model.state_dict(), model_type="crossbert", model_args=asdict(model.config)), ckpt)
+    torch.save(dict(model=model.state_dict(), model_type="crossbert", model_args=asdict(model.config),
+                    vocab_map=vocab_map), ckpt)
     settings = dict(features.MODEL_SETTINGS, ckpt="random", device="cpu")
     twins = [features.load_model(dict(settings, like=str(ckpt), seed=s))[0] for s in (0, 1)]
     for twin in twins:
-        assert twin.config == model.config and torch.equal(twin.vocab_map, model.vocab_map)
-        assert not torch.equal(twin.wte.weight, model.wte.weight)  # fresh weights
-    assert not torch.equal(twins[0].wte.weight, twins[1].wte.weight)  # the seed picks them
+        assert twin.config == model.config and torch.equal(twin.vocab_map, vocab_map)
+        assert not torch.equal(twin.model.wte.weight, model.wte.weight)  # fresh weights
+    assert not torch.equal(twins[0].model.wte.weight, twins[1].model.wte.weight)  # the seed picks them
     # without --like, a random model cannot know the checkpoint's map: it sees every GPT-2 id
     plain = features.load_model(dict(settings, n_layer=2, n_head=2, n_embd=32))[0]
-    assert plain.vocab_map is None
+    assert plain.vocab_map is None and plain.config.vocab_size == 50304
     glue = tiny_glue(tmp_path / "glue")
     assert "pass it with --ckpt=random" in script_error(monkeypatch, capsys, "probe.py", "--ckpt=out/none.pt",
                                                        f"--like={ckpt}", "--tasks=SST-2", f"--glue_dir={glue}")

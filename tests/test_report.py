@@ -7,7 +7,7 @@ import pytest
 
 import report
 from flops import param_counts
-from model import make_config
+from configurator import make_config
 
 BUDGETS = {(2, 128): 1.2e14, (3, 192): 6.4e14, (4, 256): 2.4e15}
 

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import sample
-from plumbing.checkpoint import load_checkpoint, save_checkpoint
+from evaluation.features import load_backbone
+from plumbing.checkpoint import save_checkpoint
 from conftest import assert_one_line_error
 from data.tokenizer import MASK, VOCAB_SIZE, compact_vocab, decode, encode, encode_masked
 from model import MODELS, ModelConfig
@@ -25,19 +26,19 @@ def trained(tmp_path_factory):
         torch.manual_seed(0)
         config = ModelConfig(model_type=model_type, n_layer=2, n_head=2, n_embd=32, block_size=len(ids), vocab_size=64)
         model = MODELS[model_type](config)
-        model.vocab_map.copy_(torch.from_numpy(compact_vocab(np.bincount(stream, minlength=VOCAB_SIZE), 64)))
+        vocab_map = torch.from_numpy(compact_vocab(np.bincount(stream, minlength=VOCAB_SIZE), 64))
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
         g = torch.Generator().manual_seed(0)
         for _ in range(300 if model_type == "electra" else 200):
             starts = torch.randint(0, len(stream) - len(ids), (8,), generator=g).tolist()
-            idx = torch.from_numpy(np.stack([stream[s:s + len(ids)] for s in starts]))
+            idx = vocab_map[torch.from_numpy(np.stack([stream[s:s + len(ids)] for s in starts]))]  # as train.py reads
             loss, _ = model(idx, *model.draw(8, len(ids), generator=g))
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
         paths[model_type] = tmp_path_factory.mktemp(model_type) / "ckpt.pt"
         save_checkpoint(paths[model_type], {"model": model.state_dict(), "model_type": model_type,
-                                            "model_args": asdict(config)})
+                                            "model_args": asdict(config), "vocab_map": vocab_map})
     return paths
 
 
@@ -75,9 +76,9 @@ def test_electra_detects_the_replaced_word(trained, capsys):
 
 
 def test_views_partition_the_positions(trained, capsys):
-    model = load_checkpoint(trained["crossbert"])[0]
-    ids, views = sample.cut(encode(SENTENCE), model.config, seed=0)
-    ranks = sample.show_views(model, ids, views, 3, str)
+    backbone = load_backbone(trained["crossbert"])[0]
+    ids, views = sample.cut(encode(SENTENCE), backbone.config, seed=0)
+    ranks = sample.show_views(backbone, ids, views, 3, str)
     out = capsys.readouterr().out.splitlines()
     seen, targets = views.visible_pos.tolist(), views.target_pos.tolist()
     assert len(seen) == 2 and sorted(seen[0] + seen[1]) == list(range(10))  # the views' visible sets partition

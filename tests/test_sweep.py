@@ -17,10 +17,11 @@ import stats
 import sweep
 from plumbing.checkpoint import code_version, save_checkpoint
 from conftest import script_error, tiny_tasks
-from configurator import user_errors
+from configurator import make_config, usage, user_errors
+from data.tokenizer import VOCAB_SIZE, compact_vocab
 from evaluation.features import random_twin
 from flops import param_counts, training_flops
-from model import MODELS, make_config
+from model import MODELS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -204,12 +205,14 @@ CODE = {"commit": "0" * 40, "dirty": False}
 
 
 def fake_train(name, s, run_dir, nproc, compile):
-    """What train.py leaves in run_dir, without training: a checkpoint and its log."""
+    """What train.py leaves in run_dir, without training: a checkpoint (a compact vocabulary's map in it) and its
+    log."""
     model = MODELS[s["model_type"]](make_config(s))
+    vocab_map = torch.from_numpy(compact_vocab(np.ones(VOCAB_SIZE), s["vocab_size"])) if s["vocab_size"] else None
     os.makedirs(run_dir)
     save_checkpoint(os.path.join(run_dir, "ckpt.pt"), dict(model=model.state_dict(), model_type=s["model_type"],
-                    model_args=vars(model.config), config=dict(s, dtype="bfloat16"), step=3, tokens=384, flops=1e9,
-                    code=CODE))
+                    model_args=vars(model.config), vocab_map=vocab_map, config=dict(s, dtype="bfloat16"), step=3,
+                    tokens=384, flops=1e9, code=CODE))
     with open(os.path.join(run_dir, "log.jsonl"), "w") as f:
         for x in dict(step=0, unigram_loss=4.8), dict(step=3, val_loss=4.5, tokens=384, flops=1e9):
             f.write(json.dumps(x) + "\n")
@@ -267,6 +270,28 @@ def test_a_bad_device_is_one_line(monkeypatch, capsys):
     assert "--device='tpu': expected cpu or cuda[:N]" in err
 
 
+@pytest.mark.parametrize("args,message", [
+    ([], "--tasks is needed: the task folders (train.tsv, dev.tsv) the primary average is taken over, or a folder of "
+         "them, e.g. --tasks=DIR/devtasks"),
+    (["--tasks=a"], "--glue_dir is needed for --glue_tasks: pass GLUE's task folders, e.g. --glue_dir=DIR/glue, or "
+                    "--glue_dir=hub to load GLUE from the hub, or --glue_tasks= to skip GLUE"),
+])
+def test_the_tasks_are_required_settings(args, message, tmp_path, monkeypatch, capsys):
+    err = script_error(monkeypatch, capsys, "experiments/sweep.py", "--preset=cpu", f"--out_dir={tmp_path / 'sw'}",
+                       *args)
+    assert message in err and not (tmp_path / "sw").exists()
+
+
+def test_no_path_outside_the_repository_in_the_help():
+    """The task folders and corpora are settings to pass (DIR/... in the examples), not paths beside the checkout."""
+    import acceptance
+    import ladder_gpu
+    import noise
+    for script in (sweep, noise, acceptance, ladder_gpu):
+        text = usage(script.settings, [script.__file__])
+        assert "../" not in text and "DIR/devtasks" in text, script.__name__
+
+
 @pytest.mark.slow
 def test_sweep_runs_probes_and_resumes(tmp_path, monkeypatch):
     data = tmp_path / "data"
@@ -286,14 +311,14 @@ def test_sweep_runs_probes_and_resumes(tmp_path, monkeypatch):
     out = tmp_path / "sw"
     argv = ["--preset=tiny", f"--out_dir={out}", "--axes=main", f"--tasks={task}", "--glue_dir=", "--glue_tasks=", "--sts=",
             "--compile=False", "--random_seeds=2", "--device=cpu", "--seeds=2", "--families=bert,crossbert"]
-    devices, tables, load = [], [], runs.load_checkpoint
+    devices, tables, load = [], [], runs.load_backbone
 
     def load_and_look(path, device):  # each run's checkpoint is loaded once, after it trained
         devices.append(device)
         if len(devices) == 2:  # the table follows every run: the first is in it before the second is probed
             tables.append((out / "results.md").read_text())
         return load(path, device)
-    monkeypatch.setattr(runs, "load_checkpoint", load_and_look)  # runs.run_record loads a trained run's checkpoint
+    monkeypatch.setattr(runs, "load_backbone", load_and_look)  # runs.run_record loads a trained run's checkpoint
     drawn, plots = [], sweep.plots
     monkeypatch.setattr(sweep, "plots", lambda results, d: drawn.append(len(results)) or plots(results, d))
     sweep.main(argv)
@@ -309,11 +334,12 @@ def test_sweep_runs_probes_and_resumes(tmp_path, monkeypatch):
                      "random-crossbert-1x32-s1", "bert-1x32-s1", "crossbert-1x32-s1"]
     assert [r["seed"] for r in results] == [0, 0, 1, 0, 0, 1, 1, 1] and results[6]["cell"] == "bert-1x32"
     assert results[6]["settings"]["seed"] == 1338 and results[0]["steps"] == results[6]["steps"]
-    model, ckpt = load(out / "bert-1x32" / "ckpt.pt")
+    backbone, ckpt = load(out / "bert-1x32" / "ckpt.pt")
     assert results[0]["code"] == ckpt.get("code")  # the code that trained it, as its checkpoint says
-    a, b = random_twin(model, 0), random_twin(model, 1)  # same shape and vocabulary map, new weights
-    assert torch.equal(a.vocab_map, model.vocab_map) and not torch.equal(a.wte.weight, b.wte.weight)
-    assert not torch.equal(a.wte.weight, model.wte.weight)
+    a, b = random_twin(backbone, 0), random_twin(backbone, 1)  # same shape and vocabulary map, new weights
+    assert backbone.vocab_map is not None and torch.equal(a.vocab_map, backbone.vocab_map)
+    assert not torch.equal(a.model.wte.weight, b.model.wte.weight)
+    assert not torch.equal(a.model.wte.weight, backbone.model.wte.weight)
     bert, cross = results[0], results[3]
     for r in (bert, cross):
         assert r["flops"] <= 2e9 and abs(r["flops"] - bert["flops"]) / 2e9 < 0.25
@@ -457,7 +483,7 @@ def test_ladder_probes_along_training_and_across_layers(tmp_path, monkeypatch):
     assert "trajectory" not in twin
     # the snapshots are checkpoints probe.py reads, each at its step
     snap = out / "bert-2x32" / "snapshots" / f"step{points[0]['step']:06d}.pt"
-    assert sweep.load_checkpoint(snap, "cpu")[1]["step"] == points[0]["step"]
+    assert sweep.load_backbone(snap, "cpu")[1]["step"] == points[0]["step"]
 
 
 @pytest.mark.slow

@@ -451,7 +451,7 @@ def test_a_cpu_run_is_the_plain_loop_bit_for_bit(runs, dataset):
         tokens = windows["train"].tokens
         torch.manual_seed(s["seed"])
         model = MODELS[s["model_type"]](ModelConfig(**ckpt["model_args"]))
-        model.vocab_map.copy_(torch.from_numpy(vocab_map))
+        assert torch.equal(ckpt["vocab_map"], torch.from_numpy(vocab_map))  # the map the data was read through
         optimizer = model.configure_optimizers(s["weight_decay"], s["learning_rate"], (s["beta1"], s["beta2"]), "cpu")
         rows, micro = s["total_batch_size"] // T, s["batch_size"]
         for step in range(4):
@@ -460,7 +460,7 @@ def test_a_cpu_run_is_the_plain_loop_bit_for_bit(runs, dataset):
             draws = model.draw(rows, T, generator=torch.Generator().manual_seed(int(key[1])))
             for first in range(0, rows, micro):
                 mine = slice(first, first + micro)
-                idx = torch.from_numpy(np.stack([tokens[a:a + T] for a in starts[mine]]).astype(np.int64))
+                idx = torch.from_numpy(vocab_map[np.stack([tokens[a:a + T] for a in starts[mine]]).astype(np.int64)])
                 loss, _ = model(idx, *draws_of_rows(draws, mine, model.config.views[0]))
                 (loss / (rows // micro)).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), s["grad_clip"])
@@ -475,7 +475,7 @@ def test_a_cpu_run_is_the_plain_loop_bit_for_bit(runs, dataset):
 
 
 def test_a_seed_changes_the_data_and_the_init_and_nothing_else(tmp_path, dataset):
-    from evaluation.features import random_twin
+    from evaluation.features import Backbone, random_twin
     # a learning rate of 1e-12 leaves the weights where they started: the initial weights of each seed
     args = ["--max_iters=2", "--eval_interval=2", "--total_batch_size=64", "--learning_rate=1e-12", "--min_lr=1e-12",
             "--dtype=float32"]
@@ -485,7 +485,7 @@ def test_a_seed_changes_the_data_and_the_init_and_nothing_else(tmp_path, dataset
     b, cb = load_checkpoint(tmp_path / "1338" / "ckpt.pt")
     # sweep.py's random twin k is training seed k's init: trained minus twin is what training did to that init
     for model, seed in ((a, 1337), (b, 1338)):
-        twin = random_twin(model, seed).state_dict()
+        twin = random_twin(Backbone(model), seed).model.state_dict()
         assert all(torch.allclose(twin[k], v, atol=1e-9) for k, v in model.state_dict().items())
     assert not torch.equal(a.wte.weight, b.wte.weight)
     assert {k for k in ca["config"] if ca["config"][k] != cb["config"][k]} == {"seed", "out_dir"}
