@@ -1,26 +1,18 @@
 """
-Times full training steps (forward, backward, optimizer step) of BERT, CrossBERT and ELECTRA
-with the same encoder, on synthetic tokens, and compares them with the analytic FLOPs.
+Times full training steps (forward, backward, optimizer step) of BERT, CrossBERT and ELECTRA with the same encoder, on
+synthetic tokens, against the analytic FLOPs (flops.py). bf16 autocast where the device computes it natively, as
+train.py; the last line printed is one JSON object, for scripts.
 
     python bench.py                                   # mid-size: 8 layers x 512, 256 tokens, compiled
     python bench.py --batch_size=64 --n_layer=12 --n_head=12 --n_embd=768 --block_size=512 --flash_check   # a GPU
-    python bench.py --profile                         # + where each model's step spends its time, top ops first
     python bench.py --n_layer=2 --n_head=2 --n_embd=128 --block_size=128 --batch_size=12 --vocab_size=8192 --profile
-                                                      # the default `python train.py` run's shape and micro-step
-    python bench.py --mask_ratio=0.75 --cms=False     # every model at 75% masking, one view: CrossBERT's encoder
-                                                      # sees a quarter of each row (flops.py --design: the counts)
+                                                      # the default run's shape and micro-step, and its top ops
+    python bench.py --mask_ratio=0.75 --cms=False     # every model at 75% masking, one view (BERT's speedup baseline)
     python bench.py --n_layer=12 --n_head=12 --n_embd=768 --block_size=512 --batch_size=2 --design
-                                                      # flops.py's design table measured: BERT and CrossBERT at
-                                                      # each mask ratio, CMS on and off, against BERT at its 20%
+                                                      # flops.py's design table measured
 
-Two throughputs, named for what they count: input tokens/s (rows x block_size, unique data) and
-view positions/s (rows x views x block_size, what complementary masking multiplies; the paper's
-tokens/s). --mask_ratio and --cms set every model's views, so the speedups printed are against BERT with the same
-views; flat BERT at its default ratio is the run without them. bf16 autocast where the device computes it natively,
-as train.py. --flash_check (CUDA) runs one training step and one encode() of each model with only the FlashAttention
-kernel allowed, which raises if flash cannot serve them. --profile runs the timed steps once more under torch.profiler
-and prints the ops that take the most time themselves (compiled code shows its fused kernels by name). The last line
-printed is one JSON object, for scripts.
+Two throughputs, named for what they count: input tokens/s (rows x block_size, unique data) and view positions/s (rows
+x views x block_size, what complementary masking multiplies; the paper's tokens/s).
 """
 import json
 import sys
@@ -48,7 +40,7 @@ settings = dict(
     compile=True,           # torch.compile the models, as train.py does
     flash_check=False,      # CUDA: fail unless FlashAttention serves training and encode()
     profile=False,          # print the top ops by self time of each model's step
-    design=False,           # time flops.py's design rows instead (BERT and CrossBERT at 0.5, 0.667, 0.75, CMS on and off)
+    design=False,           # time flops.py's design rows instead: BERT and CrossBERT at 0.5, 0.667, 0.75, CMS on/off
     seed=0,                 # the weights, tokens and views
 )
 
@@ -111,8 +103,8 @@ def measure_design(s, device, dtype, autocast, peak):
     counted matmuls (attention's softmax, the loss, gathers: a small model's overhead)."""
     reference = {}  # block size -> the reference BERT's input tokens/s there
     rows = []
-    print("| model | mask ratio | CMS | block | input tokens/s | vs BERT, measured / counted | view positions/s vs BERT, "
-          "measured / counted | MFU |\n" + "|---" * 8 + "|")
+    print("| model | mask ratio | CMS | block | input tokens/s | vs BERT, measured / counted | "
+          "view positions/s vs BERT, measured / counted | MFU |\n" + "|---" * 8 + "|")
     for i, r in enumerate(design(make_config({**s, "model_type": "bert"}))):
         cfg = r["config"]
         T = cfg.block_size

@@ -56,24 +56,18 @@ def not_utf8(path, e, line=None):
             "as UTF-8")
 
 
-def world_error(e):
-    """The one-line message for a WORLD_ERRORS exception: the path, what is wrong with it and the fix."""
+def message(e):
+    """The one line for a UserError or a WORLD_ERRORS exception (the path, what is wrong with it and the fix); None for
+    anything else, a program error."""
+    if isinstance(e, UserError) or isinstance(e, OSError) and e.errno is None:  # an OSError with a message of its own
+        return str(e)
     if isinstance(e, UnicodeDecodeError):  # the readers of text files name the file (not_utf8); this is the fallback
         return f"a file is not UTF-8 text ({e.reason}, byte 0x{e.object[e.start]:02x}); save it as UTF-8"
-    if e.errno is None:  # raised with a message of its own (e.g. data.corpus's), which names the fix
-        return str(e)
-    fix = FIXES.get(e.errno, "check the path")
+    if not isinstance(e, OSError):
+        return None
     path = e.filename if e.filename2 is None else f"{e.filename} -> {e.filename2}"
+    fix = FIXES.get(e.errno, "check the path")
     return f"{path}: {e.strerror or e}; {fix}" if path is not None else f"{e.strerror or e}; {fix}"
-
-
-def message(e):
-    """The one line for a UserError or a WORLD_ERRORS exception; None for anything else (a program error)."""
-    if isinstance(e, WORLD_ERRORS):
-        return world_error(e)
-    if isinstance(e, UserError):
-        return str(e)
-    return None
 
 
 @contextmanager
@@ -161,11 +155,8 @@ def usage(defaults, paths):
 
 
 def configure(defaults, argv, types=None, help_from=()):
-    """The settings in `defaults` (a name -> value dict) with the overrides of argv (None: the command line's) applied.
-
-    types gives the type of settings whose default is None (None stays allowed for them). help_from: the files that
-    --help (or -h) reads the script's docstring (the first file's) and the settings' comments from.
-    """
+    """The settings in `defaults` (a name -> value dict) with argv's overrides (None: the command line's). types: the
+    types of settings whose default is None; help_from: where --help reads the docstring (the first) and comments."""
     argv = sys.argv[1:] if argv is None else argv
     if {"--help", "-h"} & set(argv):
         print(usage(defaults, help_from) if help_from else "\n".join(f"--{k}={v!r}" for k, v in defaults.items()))

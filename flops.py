@@ -1,17 +1,11 @@
 """
-Analytic parameter and FLOP counts for BERT, CrossBERT and ELECTRA, from the config alone; the peak FLOP/s that MFU
-divides by; and the FLOP/s a training step achieves, timed (time_steps: bench.py and experiments/acceptance.py).
+Analytic parameter and FLOP counts of BERT, CrossBERT and ELECTRA, from a ModelConfig alone: its mask_ratio and cms
+decide the views, pred_layer the predictor, gen_width and gen_layer ELECTRA's generator. Counted: matrix multiplies,
+2 FLOPs a multiply-add, as torch.utils.flop_counter counts them (a test); a training step is 3x its forward pass.
 
-Counted: matrix multiplies, 2 FLOPs per multiply-add, which is what dominates and
-what torch.utils.flop_counter counts. A training step costs 3x its forward pass
-(the backward pass computes gradients for both inputs of every matmul).
-
-    python flops.py --n_layer=12 --n_head=12 --n_embd=768 --block_size=512
-    python flops.py --n_layer=12 --n_head=12 --n_embd=768 --block_size=512 --design
-
-prints the three models side by side; with --design, BERT and CrossBERT across the paper's mask ratios, with and
-without complementary masking (design()). The counts take a ModelConfig: its mask_ratio
-and cms decide the views, pred_layer the predictor, gen_width and gen_layer ELECTRA's generator.
+    python flops.py --n_layer=12 --n_head=12 --n_embd=768 --block_size=512            # the three side by side
+    python flops.py --n_layer=12 --n_head=12 --n_embd=768 --block_size=512 --design   # BERT and CrossBERT across the
+                                                                                      # paper's mask ratios, CMS on/off
 """
 import sys
 from dataclasses import replace
@@ -114,7 +108,7 @@ def cms_block(block_size, mask_ratio):
 
 def design(config):
     """The paper's throughput claim, counted: CrossBERT's encoder runs on the visible tokens only, so a higher mask
-    ratio leaves it less work per token. For the shape of `config` (depth, width, block, vocabulary, block parts), one row per
+    ratio leaves it less work per token. For the shape of `config` (depth, width, block, vocabulary), one row per
     model: BERT at its default ratio (the reference), BERT at each of DESIGN_RATIOS (one view: with CMS it would encode
     the whole row once per view), CrossBERT at each with CMS and without. A row: its config, training FLOPs per input
     token, and the input tokens/s and view positions/s (the paper's tokens/s) it would reach at the reference BERT's
@@ -153,8 +147,7 @@ def main(argv):
     from dataclasses import asdict
 
     import model  # the settings are ModelConfig's, and its file holds their comments
-    from configurator import configure
-    from configurator import UserError
+    from configurator import UserError, configure
     # the fields whose default depends on the model stay None, so each model below gets its own
     defaults = dict(asdict(model.ModelConfig()), mask_ratio=None, cms=None, pred_layer=None, gen_layer=None,
                     design=False)  # design()'s table for this shape instead: BERT and CrossBERT across ratios and CMS

@@ -1,23 +1,18 @@
 """
 Frozen evaluation: how usable are a backbone's features to simple probes?
 
-The backbone is frozen. Each sentence (or pair, encoded jointly as `a <|endoftext|> b`) becomes
-the mean of its last-layer states over its real tokens (features.py). With --layers, the features of
-layer i are the final norm applied to block i's output, so all layers are on one scale; layer 0 is the
-token embeddings, a bag of tokens without context, where a model's use of context starts.
-Two probes are fitted on the train split and scored on dev with each task's GLUE metric:
-  - linear: closed-form ridge regression on standardised features onto one-hot targets (argmax),
-    or onto the score for regression (STS-B); λ picked on a held-out part of train;
-  - kNN: cosine similarity, similarity-weighted vote of the k nearest train examples (weighted
-    mean of their scores for regression); k picked on the same held-out part.
+- Features: each sentence (or pair, encoded as `a <|endoftext|> b`) is the mean of its last-layer states over its
+  real tokens; --layers reads any layer (the final norm on each, so all are on one scale; 0: the token embeddings).
+- linear: closed-form ridge regression on standardised features onto one-hot targets (or the score, for STS-B).
+- kNN: a similarity-weighted vote of the k nearest train examples by cosine (their scores' weighted mean, for STS-B).
+- λ and k are picked on a held-out part of train; dev is scored with each task's GLUE metric.
 
-    python probe.py --ckpt=out/ckpt.pt --glue_dir=../shared/glue --tasks=SST-2,CoLA,MRPC,STS-B,RTE,WNLI
-    python probe.py --ckpt=random --like=out/ckpt.pt --glue_dir=../shared/glue   # its random twin: the baseline
-    python probe.py --ckpt=out/ckpt.pt --layers=all --out=probe.json           # layer-wise table
-    python probe.py --tasks=path/to/my_task                                     # your own train.tsv/dev.tsv
+    python probe.py --ckpt=out/ckpt.pt --glue_dir=DIR/glue --tasks=SST-2,CoLA,MRPC,STS-B,RTE,WNLI
+    python probe.py --ckpt=random --like=out/ckpt.pt --glue_dir=DIR/glue   # its random twin: the baseline
+    python probe.py --ckpt=out/ckpt.pt --layers=all --out=probe.json      # layer-wise table
+    python probe.py --tasks=path/to/my_task                                # your own train.tsv/dev.tsv
 
-Without --glue_dir, GLUE comes from the hub (nyu-mll/glue); data/tasks.py reads the tasks, features.py computes the
-features and the metrics. train.py (probe_tasks) and experiments/ call the probes below.
+Without --glue_dir, GLUE comes from the hub (nyu-mll/glue). train.py (probe_tasks) and experiments/ call the probes.
 """
 import json
 import time
@@ -51,7 +46,6 @@ VAL_FRAC = 0.2  # part of train held out to pick λ and k
 
 # ----------------------------------------------------------------------------
 # Probes
-
 
 def standardise(X, *others):
     """X and others scaled by X's per-feature mean and standard deviation."""
@@ -113,7 +107,6 @@ def score(pred, gold, metrics):
 # ----------------------------------------------------------------------------
 # Probing one feature set
 
-
 def probe(Ftr, ytr, Fdev, ydev, classes, metrics, seed=1337, device="cpu"):
     """Linear and kNN probe scores on dev, with λ and k chosen on a held-out part of train."""
     n_classes = len(classes) if classes else None
@@ -157,11 +150,8 @@ def evaluate(model, tasks, layers, batch_size=64, seed=1337, verbose=True):
 
 
 def probe_tasks(model, tasks, glue_dir=None, max_train=2000, batch_size=64, seed=1337):
-    """Last-layer probe scores {"<task>/linear": %, "<task>/knn": %}: train.py's monitor during training.
-
-    tasks: a list of names or a comma-separated string; pass the bare model (not DDP or compiled).
-    The model's train/eval mode is restored.
-    """
+    """Last-layer probe scores {"<task>/linear": %, "<task>/knn": %}: train.py's monitor during training. tasks: a list
+    of names or a comma-separated string; pass the bare model (not DDP or compiled); its train/eval mode is restored."""
     tasks = tasks.split(",") if isinstance(tasks, str) else tasks
     last = model.config.n_layer
     res = evaluate(model, [load_task(t, glue_dir, max_train, seed) for t in tasks], [last], batch_size, seed,
@@ -170,7 +160,6 @@ def probe_tasks(model, tasks, glue_dir=None, max_train=2000, batch_size=64, seed
 
 # ----------------------------------------------------------------------------
 # Command line
-
 
 def parse_layers(spec, n_layer):
     if spec in ("last", "all"):

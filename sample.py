@@ -1,19 +1,14 @@
 """
 See what a checkpoint learned: fill masks, cut a sentence into CrossBERT's complementary views, find a text's nearest
-neighbours (nanoGPT's sample.py, for masked-language models).
+neighbours (nanoGPT's sample.py, for masked-language models). Each model fills masks the way it trained (HOW below);
+--detect asks ELECTRA's discriminator which tokens look replaced; neighbours are ranked by the cosine of the encoder's
+mean-pooled last-layer features (embeddings/'s zero-shot embeddings).
 
     python sample.py --text="Once upon a <mask>, a <mask> lived in the woods."   # the top fills of each <mask>
     python sample.py --views="The old man looked out at the sea."               # what each view sees and fills
     python sample.py --neighbours=lines.txt --query="The ship sailed at dawn."   # the nearest lines of a file
     python sample.py --ckpt=out-electra/ckpt.pt --text="The dog <mask> at the cat." --detect
-
-Each model fills masks the way it trained: BERT runs every layer with <mask> at the targets and reads its LM head
-there; CrossBERT's encoder sees the visible tokens only and its predictor's queries fill the masked positions;
-ELECTRA's generator (a narrow BERT) fills them, and with --detect its discriminator, the encoder, says how likely each
-token of the text (masks filled by the generator first) is a replacement. Neighbours are ranked by the cosine of the
-encoder's mean-pooled last-layer features (embed.py's zero-shot embeddings); lines longer than the block are cut to it.
 """
-
 import numpy as np
 import torch
 
@@ -43,8 +38,7 @@ HOW = {"bert": "BERT reads the text with <mask> at the targets; its LM head fill
 
 
 def row_texts(backbone):
-    """row_text(row): the text an embedding row stands for (a compact vocabulary's <unk> is the row of every rare
-    id)."""
+    """row_text(row): the text an embedding row stands for (<unk>: the row of a compact vocabulary's rare ids)."""
     V = backbone.config.vocab_size
     if backbone.vocab_map is None:
         ids = np.arange(V)
@@ -62,8 +56,8 @@ def shown(text):
 
 
 def piece(text):
-    """A fill as printed: as shown(), with BERT's ## before a word piece glued to what comes before (no leading
-    space), so that " the" and "the" read apart."""
+    """A fill as printed: as shown(), with BERT's ## before a word piece glued to what comes before: " the" and "the"
+    read apart."""
     return "##" + text if text[:1].isalnum() else shown(text)
 
 
@@ -108,7 +102,8 @@ def cut(ids, config, seed):
     of the training windows, pads the text to a multiple of their number."""
     ids = ids + [EOT] * (-len(ids) % config.views[0])
     try:
-        return ids, make_views(1, len(ids), config.mask_ratio, config.cms, generator=torch.Generator().manual_seed(seed))
+        seeded = torch.Generator().manual_seed(seed)
+        return ids, make_views(1, len(ids), config.mask_ratio, config.cms, generator=seeded)
     except ValueError:
         raise UserError(f"--views is {len(ids)} tokens, too short to mask {config.mask_ratio:g} of it and keep the "
                         "rest: pass a longer text") from None
@@ -119,7 +114,8 @@ def fill_masks(backbone, text, ids, k, row_text):
     fill, an embedding row}."""
     where = [i for i, t in enumerate(ids) if t == MASK]
     seen = [i for i in range(len(ids)) if i not in where]
-    probs = fills(backbone, ids, Views(torch.zeros(1, dtype=torch.long), torch.tensor([seen]), torch.tensor([where])))[0]
+    one_view = Views(torch.zeros(1, dtype=torch.long), torch.tensor([seen]), torch.tensor([where]))
+    probs = fills(backbone, ids, one_view)[0]
     print(text)
     for j, p in enumerate(probs, 1):
         print(f"<mask> {j}: {top(p, k, row_text)}")
