@@ -23,7 +23,6 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import model as model_file
 from configurator import UserError, configure, fail, user_errors, user_errors_hook
 from data.corpus import prepare_tinybooks
 from data.loader import load_splits
@@ -83,8 +82,9 @@ join_timeout = 300.0          # seconds a process waits for the master's address
 seed = 1337
 settings = model_settings | {k: v for k, v in globals().items() if not k.startswith("_") and k != "model_settings"
                              and isinstance(v, (int, float, bool, str))}
-settings = configure(settings, sys.argv[1:], types={f.name: f.type.__args__[0] for f in fields(ModelConfig)
-                                                    if f.default is None}, help_from=[__file__, model_file.__file__])
+none_types = {f.name: f.type.__args__[0] for f in fields(ModelConfig) if f.default is None}  # int | None -> int
+settings = configure(settings, sys.argv[1:], none_types,
+                     help_from=[__file__, os.path.join(os.path.dirname(__file__), "model.py")])
 globals().update(settings)
 
 # -----------------------------------------------------------------------------

@@ -10,8 +10,9 @@ Embeddings are compared by cosine similarity:
 Plain mean pooling with no training at all is the zero-shot row. data/tasks.py reads the STS and
 BEIR sets, data/pairs.py the pairs.
 
-    python embed.py --ckpt=out/ckpt.pt --pairs=crop:../shared/corpus/gutenberg --sts=../shared/glue/STS-B
-    python embed.py --ckpt=random --like=out/ckpt.pt --pairs=my_pairs.tsv --beir=scifact --unfreeze --out=scores.json
+    python embeddings/embed.py --ckpt=out/ckpt.pt --pairs=crop:DIR/corpus --sts=DIR/glue/STS-B
+    python embeddings/embed.py --ckpt=random --like=out/ckpt.pt --pairs=my_pairs.tsv --beir=scifact --unfreeze \
+        --out=scores.json
 
 --pairs  crop:PATH         two random spans of one document of a local corpus (Contriever's independent
                            cropping; the files data/local/prepare.py reads: .txt, .jsonl[.gz], .parquet)
@@ -27,9 +28,9 @@ BEIR sets, data/pairs.py the pairs.
 
 Embedding your own texts with a saved pooler (or plain mean pooling without --load_pooler):
 
-    python embed.py --ckpt=out/ckpt.pt --pairs=crop:data/tinybooks/books.jsonl.gz --sts=../shared/glue/STS-B \
+    python embeddings/embed.py --ckpt=out/ckpt.pt --pairs=crop:data/tinybooks/books.jsonl.gz --sts=DIR/glue/STS-B \
         --save_pooler=pooler.pt
-    python embed.py --ckpt=out/ckpt.pt --load_pooler=pooler.pt --texts=my.txt --out_npy=vecs.npy
+    python embeddings/embed.py --ckpt=out/ckpt.pt --load_pooler=pooler.pt --texts=my.txt --out_npy=vecs.npy
 
 --texts  a .jsonl file (one object per line, the text in --text_key) or any other text file (one text per line);
          --out_npy gets a float32 matrix, one unit-norm row per text, in input order
@@ -221,7 +222,7 @@ def mteb_tasks(spec):
                             "(e.g. STSBenchmark) or a local STS set") from None
         except Exception as e:  # offline, hub down: all end here
             raise UserError(f"--mteb: cannot load {item} from the hub ({str(e).splitlines()[0]}); "
-                            "offline, pass a local STS set (e.g. --mteb=../shared/glue/STS-B)") from None
+                            "offline, pass a local STS set (e.g. --mteb=DIR/glue/STS-B)") from None
         tasks.append(task)
     return tasks
 

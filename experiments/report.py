@@ -351,6 +351,46 @@ def own_lr(results):
     return "\n".join(lines) + "\n"
 
 
+def replace_table(results):
+    """BERT with the 80/10/10 corruption (the replace axis) against all-<mask> BERT at the same learning-rate multiplier,
+    and CrossBERT at its own chosen rate against each, paired by seed at equal FLOPs; "" without runs of the axis. A
+    row: the seeds, each side's val loss (each beside the unigram loss: 80/10/10 predicts the same targets from a
+    different input, so the two compare), linear and kNN (mean ± sd; the twins' at those seeds), and the paired
+    differences [95% interval]."""
+    rows = {}  # (budget, shape, multiplier) -> {seed: record}
+    for r in results:
+        if r["axis"] == "replace":
+            rows.setdefault((r["settings"]["max_flops"], shape_of(r), lr_scale_of(r)), {})[seed_of(r)] = r
+    if not rows:
+        return ""
+    grids = lr_grids(results)
+    twins = {(r["model_type"], shape_of(r), seed_of(r)): r["scores"] for r in results if r["axis"] == "random"}
+    lines = ["| budget | shape | comparison | multipliers | seeds | val loss (unigram) | linear | kNN | twins: linear / "
+             "kNN | difference: linear | kNN |", "|" + "---|" * 11]
+    for (budget, shp, m), runs in sorted(rows.items()):
+        bert = grids.get((budget, shp, "bert"), {}).get(m, {})
+        grid = grids.get((budget, shp, "crossbert"), {})
+        own = choose(grid, lambda r: r["val_loss"], min) if grid else None
+        pairs = [("BERT 80/10/10 − all-<mask> BERT", f"x{m:g} / x{m:g}", runs, bert)]
+        pairs += [(f"CrossBERT − {name}", f"x{own:g} / x{m:g}", grid[own], side) for name, side in
+                  (("BERT 80/10/10", runs), ("all-<mask> BERT", bert))] if own else []
+        for name, lrs, a, b in pairs:
+            common = sorted(set(a) & set(b))
+            if not common:
+                continue
+            cells = []
+            for side in (a, b):
+                rs = [side[k] for k in common]
+                init = [twins[key] for k in common if (key := (rs[0]["model_type"], shp, k)) in twins]
+                cells.append((f"{fmt([r['val_loss'] for r in rs], places=3)} ({rs[0]['unigram_loss']:.3f})",
+                              *(fmt([r["scores"][key] for r in rs]) for key, _ in PROBES),
+                              " / ".join(fmt([t[key] for t in init]) if init else "-" for key, _ in PROBES)))
+            diffs = [fmt([a[k]["scores"][key] - b[k]["scores"][key] for k in common], True) for key, _ in PROBES]
+            lines.append(f"| {budget:.2e} | {shp} | {name} | {lrs} | {', '.join(map(str, common))} | "
+                         + " | ".join(f"{x} vs {y}" for x, y in zip(*cells)) + f" | {' | '.join(diffs)} |")
+    return "\n".join(lines) + "\n"
+
+
 def tokens_table(results):
     """The markdown table of what equal FLOPs buy each family of the main axis, at each budget and shape: input tokens
     (mean over seeds), training FLOPs, input tokens per parameter of BERT at that shape (the ladder's ratio), BERT's
@@ -496,6 +536,12 @@ def write_markdown(results, out_dir):
                   "the multiplier with its own lowest mean val loss, over the seeds every multiplier has (seed 0 alone "
                   "when the grid has one seed); the linear probe's pick by the same rule is beside it, a sensitivity, "
                   "not the choice.\n\n" + lr)
+    corruption = replace_table(results)
+    if corruption:
+        extra += ("\n## BERT's corruption: 80/10/10 against all <mask>\n\nBERT with BERT's own rule (80% <mask>, 10% a "
+                  "random token, 10% unchanged) against the all-<mask> BERT of the main and lr axes at the same "
+                  "learning rate, and CrossBERT at its own chosen rate against each, paired by seed at equal FLOPs; the "
+                  "stronger BERT is the baseline.\n\n" + corruption)
     cms = cms_table(results)
     if cms:
         extra += ("\n## Complementary masking: input tokens to the same score\n\nCrossBERT with CMS (two complementary "

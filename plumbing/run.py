@@ -42,7 +42,8 @@ def check_run(s, world_size):
     if s["init_from"] not in ("scratch", "resume"):
         raise UserError(f"init_from={s['init_from']!r}: expected scratch or resume")
     if s["fsdp"] and world_size == 1:
-        raise UserError("fsdp=True shards over processes: launch with torchrun --nproc_per_node=N (N > 1), or drop fsdp")
+        raise UserError("fsdp=True shards over processes: launch with torchrun --nproc_per_node=N (N > 1), or "
+                        "drop fsdp")
     total, quantum = s["total_batch_size"], s["block_size"] * world_size  # a step's rows split evenly over processes
     if total % quantum or total < quantum:
         lo = max(quantum, total // quantum * quantum)
@@ -62,8 +63,8 @@ def check_run(s, world_size):
     path = os.path.join(s["out_dir"], "ckpt.pt")
     if s["init_from"] == "scratch":
         if os.path.exists(path) and not s["overwrite"]:
-            raise UserError(f"{s['out_dir']} already holds a checkpoint ({path}); resume it with --init_from=resume, pick "
-                            "another --out_dir, or pass --overwrite=True to replace it")
+            raise UserError(f"{s['out_dir']} already holds a checkpoint ({path}); resume it with --init_from=resume, "
+                            "pick another --out_dir, or pass --overwrite=True to replace it")
         return config, None
     if not os.path.exists(path):
         raise UserError(f"init_from=resume: no checkpoint at {path}; check out_dir or start with init_from=scratch")
@@ -183,7 +184,8 @@ def describe(model, s, world_size, grad_accum, micro_batch, flops_per_step, max_
 
 def stop_non_finite(step, what, value, ckpt_path, s):
     """Stop a run whose loss (`what`) is not finite, saving nothing: the last checkpoint holds finite weights."""
-    saved = f"resume from {ckpt_path} (--init_from=resume)" if os.path.exists(ckpt_path) else "no checkpoint was written"
+    saved = (f"resume from {ckpt_path} (--init_from=resume)" if os.path.exists(ckpt_path)
+             else "no checkpoint was written")
     raise UserError(f"step {step}: {what} is {value}; stopping without saving. {saved}, and try a lower learning_rate "
                     f"(now {s['learning_rate']}), a lower init_std (now {s['init_std']}), or grad_clip")
 
@@ -236,7 +238,8 @@ def resume(ckpt, path, model, optimizer, rank, device, log):
     """Copy the checkpoint ckpt (read from path) into a run: its weights, optimizer and RNG states (restore). Returns
     its (step, tokens, FLOPs, length, wandb run id), where the resumed run goes on."""
     if not restore(ckpt, model, optimizer, rank, device):  # only dropout draws from the RNG
-        exact = ", so the run is no longer exact" if ckpt["model_args"]["dropout"] else " (dropout is 0: nothing changes)"
+        exact = (", so the run is no longer exact" if ckpt["model_args"]["dropout"]
+                 else " (dropout is 0: nothing changes)")
         log(f"note: {path} holds {ckpt['rng_device']} RNG states and this run is on {device.type}: dropout draws a "
             f"fresh stream{exact}")
     log(f"resumed from {path} at step {ckpt['step']}")

@@ -15,7 +15,8 @@ PEAK_FLOPS = {  # dense bf16 tensor-core peaks, from the vendors' data sheets
 
 
 def cpu_has_bf16():
-    """Whether this CPU computes bf16 natively (AVX-512 BF16 or AMX), where bf16 autocast is about 2x faster than fp32."""
+    """Whether this CPU computes bf16 natively (AVX-512 BF16 or AMX), where bf16 autocast is about 2x faster than
+    fp32."""
     try:
         with open("/proc/cpuinfo") as f:
             flags = next((line.split() for line in f if line.startswith("flags")), [])

@@ -257,3 +257,20 @@ def test_the_ablations_against_their_main_run_and_the_twins():
     assert two_thirds[:1] + two_thirds[4:7] == ["0", "-1.0 (1 seed)", "+2.0 (1 seed)", "+1.0 (1 seed)"]
     assert deeper[:1] + deeper[4:6] == ["1", "+1.0 (1 seed)", "+2.0 (1 seed)"]  # seed 1's main run: 61 linear
     assert report.ablation_table([r for r in results if r["axis"] != "mask" and r["axis"] != "predictor"]) == ""
+
+
+def test_the_replace_table_pairs_80_10_10_with_all_mask_bert_and_crossbert_at_its_own_rate(tmp_path):
+    rs = grid()  # at 2 x 128 CrossBERT's own rate is x2 (lower val loss), all-<mask> BERT has x0.5 at seeds 0-1
+    rs += [dict(run("bert", (2, 128), k, 0.5, 3.85, 64 + 2 * k, 50), axis="replace", name=f"replace-{k}")
+           for k in range(2)]  # 80/10/10: +1 and +2 linear over all-<mask> at x0.5, kNN 1 lower
+    rows = [line for line in report.replace_table(rs).splitlines() if line.startswith("| 1.20e+14")]
+    assert len(rows) == 3
+    mine, *against = rows
+    assert "BERT 80/10/10 − all-<mask> BERT | x0.5 / x0.5 | 0, 1 |" in mine
+    assert mine.endswith("| +1.5 [-4.9, +7.9] | -1.0 [-1.0, -1.0] |")  # the paired differences, t-interval of 2 pairs
+    assert "3.850 ± 0.000 (6.400) vs 3.900 ± 0.000 (6.400)" in mine  # each side's val loss beside its unigram loss
+    assert "CrossBERT − BERT 80/10/10 | x2 / x0.5 | 0, 1 |" in against[0]  # CrossBERT at its own chosen rate
+    assert against[0].endswith("| +0.5 [-5.9, +6.9] | +2.0 [+2.0, +2.0] |")
+    assert report.replace_table(grid()) == ""  # no runs of the axis, no table
+    report.write_markdown(rs, tmp_path)
+    assert "## BERT's corruption: 80/10/10 against all <mask>" in (tmp_path / "results.md").read_text()

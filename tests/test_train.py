@@ -192,8 +192,7 @@ def test_non_finite_loss_stops_without_saving(tmp_path, dataset):
 def test_flop_budget_sets_the_steps(tmp_path, dataset):
     from flops import training_flops
     from model import CrossBERT, ModelConfig
-    cfg = CrossBERT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=8192,
-                                mask_token_id=8190)).config
+    cfg = CrossBERT(ModelConfig(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=8192)).config
     per_step = training_flops(cfg, "crossbert", 64 // 32)
     train(tmp_path, dataset, "--total_batch_size=64", "--eval_interval=100", f"--max_flops={3.5 * per_step}")
     ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
