@@ -33,6 +33,9 @@ The folder holds:
                          pairs are joined by <|endoftext|> as features.py joins them, and <unk> (the first padding id)
                          names the compact vocabulary's <unk> among the fills
   modules.json, ...      sentence-transformers' files, when it (6.0 or later) is installed
+  README.md              the model card: the family and size, the paper, how to load it, its training data, steps,
+                         tokens and FLOPs, its val loss against the unigram baseline (from log.jsonl beside the
+                         checkpoint, when there), and the commit of the code that trained it
 
 Needs safetensors (transformers brings it); loading needs transformers. A missing extra is named with its pip command.
 The folder is built beside --out and renamed into place at the end: a failed export leaves nothing behind.
@@ -68,6 +71,13 @@ settings = dict(
 ENCODER_KEYS = ("wte.", "ln_e.", "blocks.", "ln_f.")  # model.py's shared stack: every family's encoder
 CODE = ("model.py", "masking.py")  # what modeling_crossbert.py runs, copied whole
 UNK = PAD + 1  # the first padding id names a compact vocabulary's <unk> row among the fills
+PAPER = '"Separating Representation from Reconstruction Enables Scalable Text Encoders" (ICML 2026)'
+FAMILIES = {
+    "crossbert": "CrossBERT, the paper's model: its encoder reads only the visible tokens, and a shallow predictor of "
+                 "cross-attention blocks fills the masked ones from its states, so the encoder never reconstructs",
+    "bert": "BERT, the paper's flat baseline: every layer reads the text with <mask> at the masked tokens",
+    "electra": "ELECTRA, the paper's other baseline: the encoder is the discriminator that tells which tokens a narrow "
+               "generator replaced"}
 
 
 def model_state(backbone, encoder_only):
@@ -195,6 +205,71 @@ def write_model(folder, backbone, ckpt_info, pooler, saved, encoder_only):
         f.write(pooler_code())
 
 
+def val_losses(ckpt_path, step):
+    """(val loss, unigram baseline) of the run's log.jsonl beside the checkpoint: its last val loss up to the
+    checkpoint's step, and the first record's unigram loss; Nones without a log or a val loss."""
+    path = os.path.join(os.path.dirname(os.path.abspath(ckpt_path)), "log.jsonl")
+    if not os.path.isfile(path):
+        return None, None
+    with open(path) as f:
+        records = [json.loads(line) for line in f if line.strip()]
+    val = [r["val_loss"] for r in records if "val_loss" in r and (step is None or r.get("step", 0) <= step)]
+    return (val[-1] if val else None), (records[0].get("unigram_loss") if records else None)
+
+
+def model_card(name, backbone, ckpt, info, encoder_only):
+    """README.md of the export: what the model is, how to load it, what trained it (from the checkpoint, and the
+    run's log.jsonl beside it)."""
+    cfg, model = backbone.config, backbone.model
+    encoder = sum(p.numel() for k, p in model.named_parameters() if k.startswith(ENCODER_KEYS))
+    run = ckpt.get("config") or {}
+    code = ckpt.get("code") or {}
+    if info["ckpt"] == "random":
+        training = [f"- untrained: the random-init twin (seed {info['seed']}) of {info['like']}, its shape and "
+                    "vocabulary, the baseline a trained encoder must beat"]
+    else:
+        val, unigram = val_losses(info["ckpt"], ckpt.get("step"))
+        flops, tokens = ckpt.get("flops"), ckpt.get("tokens")
+        training = [f"- data: {run.get('dataset', 'not recorded')}",
+                    f"- steps: {ckpt.get('step', 'not recorded')}; tokens: "
+                    + (f"{tokens:,}" if tokens is not None else "not recorded") + "; training FLOPs: "
+                    + (f"{flops:.3g}" if flops is not None else "not recorded"),
+                    "- validation loss of the masked tokens: " + ("not recorded (no log.jsonl beside the checkpoint)"
+                                                                   if val is None else f"{val:.4f} nats")
+                    + ("" if val is None or unigram is None else f", {abs(unigram - val):.3f} nats "
+                       f"{'below' if unigram >= val else 'above'} the unigram baseline's {unigram:.4f} (a model "
+                       "that ignores context)")]
+    commit = code.get("commit")
+    training.append("- code: " + ("not recorded" if not commit else f"commit {commit}"
+                                  + (" with uncommitted changes" if code.get("dirty") else "")))
+    fill = [] if encoder_only else [f'pipeline("fill-mask", model="{name}", trust_remote_code=True)("Once upon a '
+                                    '<mask>.")']
+    size = (f"{cfg.n_layer} layers of width {cfg.n_embd} with {cfg.n_head} heads, {encoder / 1e6:.2f}M parameters in "
+            f"the encoder ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M in all), a vocabulary of "
+            f"{cfg.vocab_size} ids, {cfg.block_size} tokens a text")
+    return "\n".join([
+        "---", "library_name: transformers", f"pipeline_tag: {'feature-extraction' if encoder_only else 'fill-mask'}",
+        f"tags: [{', '.join(dict.fromkeys(['crossbert', cfg.model_type, 'sentence-transformers']))}]", "---", "",
+        f"# {os.path.basename(os.path.abspath(name))}", "",
+        f"A text encoder trained as {FAMILIES[cfg.model_type]}. {size}"
+        + (", exported without what fills masks (the encoder alone)." if encoder_only else "."), "",
+        f"It comes from the reference implementation of CrossBERT, the paper {PAPER}.", "",
+        "## Use", "", "The model runs its own code (modeling_crossbert.py and the model.py it was trained with), "
+        "so loading it needs `trust_remote_code=True`:", "", "```python",
+        "from transformers import AutoModel, AutoTokenizer, pipeline",
+        f'tokenizer = AutoTokenizer.from_pretrained("{name}", trust_remote_code=True)',
+        f'model = AutoModel.from_pretrained("{name}", trust_remote_code=True)',
+        'out = model(**tokenizer(["a text", "another"], padding=True, truncation=True, return_tensors="pt"))',
+        "out.last_hidden_state, out.pooler_output  # the states of each token; the unit-norm sentence embedding",
+        *fill, "",
+        "from sentence_transformers import SentenceTransformer",
+        f'SentenceTransformer("{name}", trust_remote_code=True).encode(["a text"])', "```", "",
+        "AutoModelForSequenceClassification and AutoModelForTokenClassification put a new linear head on the encoder "
+        "to fine-tune" + ("." if encoder_only else "; AutoModelForMaskedLM takes `labels` for continued pretraining "
+                          "(the Trainer with DataCollatorForLanguageModeling)."), "",
+        "## Training", "", *training, ""])
+
+
 def write_sentence_transformers(folder, block_size):
     """sentence-transformers' files in the same folder: one module, the exported encoder, whose pooler_output is the
     sentence embedding. Skipped, with a line saying so, when sentence-transformers (6.0 or later) is not installed:
@@ -248,6 +323,8 @@ def export(ckpt_path, out, pooler_path="", encoder_only=False, like="", seed=133
     try:
         write_model(tmp, backbone, info, pooler, saved, encoder_only)
         write_tokenizer(tmp, backbone.config.block_size)
+        with open(os.path.join(tmp, "README.md"), "w") as f:  # sentence-transformers' generic card is not kept
+            f.write(model_card(out, backbone, ckpt, info, encoder_only))
         st = write_sentence_transformers(tmp, backbone.config.block_size)
         os.rename(tmp, out)
     except BaseException:

@@ -7,11 +7,13 @@ task's GLUE metric (probe.py's). The paper judges frozen features (probe.py); th
     python hf/finetune.py --model=exported/my-model --task=SST-2 --glue_dir=glue_data --out=finetuned/sst2
     python hf/finetune.py --model=exported/my-model --task=SST-2 --freeze=True --out=finetuned/head  # the head alone
 
-The fine-tuned model is saved to --out (save_pretrained: it loads as the export does). Regression tasks (STS-B) get one
-output and the MSE loss, classification tasks one output per class and cross-entropy (transformers' problem_type rule).
-Needs transformers and accelerate.
+The fine-tuned model is saved to --out (save_pretrained: it loads as the export does, with the task's label names as
+id2label), a new folder: an existing one only with --overwrite=True, and never --model itself. Regression tasks (STS-B)
+get one output and the MSE loss, classification tasks one output per class and cross-entropy (transformers'
+problem_type rule). Needs transformers and accelerate.
 """
 import os
+import re
 import sys
 
 import numpy as np
@@ -19,7 +21,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # the project's modules, when run as `python hf/finetune.py`
 from configurator import UserError, configure, user_errors
-from data.tasks import load_task
+from data import tasks
 from plumbing.checks import at_least, check_writable, optional
 from evaluation.metrics import METRICS
 
@@ -33,7 +35,8 @@ settings = dict(
     learning_rate=3e-4,     # a small encoder takes a larger rate than BERT-base's 2e-5
     freeze=False,           # True: train the head alone, on the frozen encoder
     seed=1337,              # the head's initialisation and the batches' order
-    out="",                 # the folder for the fine-tuned model (needed)
+    out="",                 # the folder for the fine-tuned model (needed); it must not exist yet
+    overwrite=False,        # True: --out may exist, and its files are replaced (never --model's)
 )
 
 
@@ -46,18 +49,40 @@ def encode(tokenizer, texts, labels):
             zip(batch["input_ids"], batch["attention_mask"], labels.tolist())]
 
 
+def check_out(s):
+    """--out is a new folder (or --overwrite=True), and never --model, which the fine-tuned model would replace."""
+    if os.path.realpath(s["out"]) == os.path.realpath(s["model"]):
+        raise UserError(f"--out={s['out']} is --model: the fine-tuned model would replace the export; pick a new "
+                        "folder")
+    if os.path.exists(s["out"]) and not s["overwrite"]:
+        raise UserError(f"--out={s['out']} already exists; pick a new folder, or pass --overwrite=True to replace its "
+                        "files")
+
+
+def load_task(s):
+    """tasks.load_task, its messages naming this script's settings (they name the evaluators' by default)."""
+    try:
+        return tasks.load_task(s["task"], s["glue_dir"] or None, s["max_train"], s["seed"])
+    except UserError as e:
+        message = re.sub(f"leave (.+?) out of {re.escape(tasks.TASKS)}", "pick another --task", str(e))
+        raise UserError(message.replace(tasks.GLUE_DIR, "--glue_dir")) from None
+
+
 def finetune(s):
     if not os.path.isfile(os.path.join(s["model"], "config.json")):
         raise UserError(f"--model={s['model']} is not an exported folder (no config.json); write one with "
                         "python hf/export.py --ckpt=CKPT --out=FOLDER")
+    check_out(s)
+    task = load_task(s)  # before transformers is imported: a wrong task is named at once
     transformers = optional("transformers", "hf/finetune.py")
     optional("accelerate", "hf/finetune.py (transformers' Trainer)")  # the Trainer runs on it; transformers lacks it
-    task = load_task(s["task"], s["glue_dir"] or None, s["max_train"], s["seed"])
     regression = task["classes"] is None
+    labels = {} if regression else dict(id2label=dict(enumerate(task["classes"])),
+                                        label2id={c: i for i, c in enumerate(task["classes"])})
     tokenizer = transformers.AutoTokenizer.from_pretrained(s["model"], trust_remote_code=True)
     transformers.set_seed(s["seed"])  # the new head's weights
     model = transformers.AutoModelForSequenceClassification.from_pretrained(
-        s["model"], trust_remote_code=True, num_labels=1 if regression else len(task["classes"]))
+        s["model"], trust_remote_code=True, num_labels=1 if regression else len(task["classes"]), **labels)
     if s["freeze"]:
         model.base_model.requires_grad_(False)
 

@@ -8,7 +8,10 @@ masking.py and the poolers (poolers.py: embeddings/vectors.py's), so that
     out = AutoModel.from_pretrained(folder, trust_remote_code=True)(**batch)
     out.last_hidden_state   # (B, T, C): model.py's encode(), the encoder's last layer (padding ignored)
     out.pooler_output       # (B, C): embed.py's unit-norm sentence embedding (the exported pooler, or mean pooling)
-    AutoModelForMaskedLM.from_pretrained(folder, trust_remote_code=True)(**batch).logits   # the fills of its <mask>s
+    mlm = AutoModelForMaskedLM.from_pretrained(folder, trust_remote_code=True)
+    mlm(**batch).logits     # the fills of its <mask>s
+    mlm(**batch, labels=labels).loss   # training's loss at the positions labels holds (-100 elsewhere): the Trainer and
+                                       # DataCollatorForLanguageModeling continue pretraining
     AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True, num_labels=2)  # to fine-tune
 
 runs the very model.py the encoder was trained with, not a second implementation of it. Every family's encoder (BERT's
@@ -22,6 +25,11 @@ was trained with (`vocab_map`, among the weights: a compact vocabulary sends rar
 sees them. The weights keep model.py's names under `model.`: the encoder's classes read the shared stack's and leave the
 rest; the task heads hold the encoder model as `crossbert` (base_model_prefix), so transformers finds the export's
 weights for it, and `model.base_model` is what a user freezes to train the head alone.
+
+transformers' conventions: output_hidden_states (model.encode()'s layers: the embeddings, then each block), return_dict,
+get/set_input_embeddings, attn_implementation "sdpa" (the default; model.py's attention is always torch's SDPA). What
+the model cannot give is refused in one line: output_attentions (SDPA returns no weights), resize_token_embeddings,
+gradient checkpointing; and a folder that lacks weights a class needs (other than a new task head) does not load.
 """
 import torch
 import torch.nn as nn
@@ -30,7 +38,7 @@ from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import (BaseModelOutputWithPooling, MaskedLMOutput, SequenceClassifierOutput,
                                            TokenClassifierOutput)
 
-from .masking import Views
+from .masking import Views, replace_tokens
 from .model import BERT, MODELS, MaskedLM, ModelConfig, rope_tables
 from .poolers import POOLERS, mean_pool
 
@@ -50,10 +58,40 @@ class CrossBERTEncoderConfig(PretrainedConfig):
 class CrossBERTPreTrainedModel(PreTrainedModel):
     config_class = CrossBERTEncoderConfig
     base_model_prefix = "crossbert"
+    _supports_sdpa = True  # the default attn_implementation; model.py computes attention with SDPA alone
+    _new_weights = ()  # name prefixes of weights a class initialises itself when the folder lacks them (a task head)
     # an export holds the filling part beside the encoder (LM head, predictor or generator): the encoder's classes
     # leave it unread, without a warning
     _keys_to_ignore_on_load_unexpected = [r"^model\.(?!(wte|ln_e|blocks|ln_f)\.)"]
     accepts_loss_kwargs = False  # the losses are batch means: the Trainer scales them for gradient accumulation
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """transformers' from_pretrained, refusing a folder that lacks weights the class needs: transformers would
+        leave them as memory was (NaN fills), with a note in its load report alone."""
+        wanted = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        missing = sorted(k for k in info["missing_keys"] if not k.startswith(cls._new_weights))
+        if missing:
+            raise ValueError(f"{args[0] if args else kwargs.get('pretrained_model_name_or_path')} lacks {len(missing)} "
+                             f"weights {cls.__name__} needs ({', '.join(missing[:3])}, ...): load the folder "
+                             "hf/export.py wrote (without --encoder_only to fill masks)")
+        return (model, info) if wanted else model
+
+    def get_input_embeddings(self):
+        """The token embedding (model.py's wte), whose rows are the model's ids: vocab_map maps GPT-2 ids to them."""
+        return self.base_model.model.wte
+
+    def set_input_embeddings(self, value):
+        self.base_model.model.wte = value
+
+    def resize_token_embeddings(self, *args, **kwargs):
+        raise ValueError("resize_token_embeddings: the model reads GPT-2 ids through its vocabulary map (vocab_map), "
+                         "fixed by training; it takes no new tokens")
+
+    def outputs(self, out, return_dict):
+        """transformers' output object, or its tuple (return_dict=False)."""
+        return out if (self.config.return_dict if return_dict is None else return_dict) else out.to_tuple()
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -78,9 +116,16 @@ def token_map(config):
     return torch.arange(config.vocab_size)
 
 
+def no_attentions(config, output_attentions):
+    if config.output_attentions if output_attentions is None else output_attentions:
+        raise ValueError("output_attentions=True: model.py's attention is torch's scaled_dot_product_attention "
+                         "(attn_implementation='sdpa'), which returns no attention weights")
+
+
 class CrossBERTEncoderModel(CrossBERTPreTrainedModel):
     def __init__(self, config):
         super().__init__(config)
+        config.masked_lm = None  # its weights (and a task head's) are the encoder's alone: a save of it fills no mask
         self.model = BERT(ModelConfig(**config.encoder))
         self.model.head = self.model.decoder_bias = None  # the LM head: encode() never reads it, nor a task head
         self.register_buffer("vocab_map", token_map(config))
@@ -88,20 +133,32 @@ class CrossBERTEncoderModel(CrossBERTPreTrainedModel):
         self.pooler = POOLERS[p["kind"]](p["n_embd"], p["n_head"]) if p else None
         self.post_init()
 
-    def encode(self, input_ids, attention_mask=None):
-        """model.encode()'s states (B, T, C) of GPT-2 token ids (B, T), mapped to the model's ids first."""
-        return self.model.encode(self.vocab_map[input_ids], attention_mask)
+    def encode(self, input_ids, attention_mask=None, layers=None):
+        """model.encode()'s states (B, T, C) of GPT-2 token ids (B, T), mapped to the model's ids first (a list of
+        `layers`' states with layers)."""
+        return self.model.encode(self.vocab_map[input_ids], attention_mask, layers)
 
-    def pool(self, input_ids, attention_mask=None):
-        """The encoder's states (B, T, C) of GPT-2 token ids (B, T), and their pooling (B, C), the export's pooler or
-        mean pooling, over the real tokens (attention_mask (B, T): 1 on tokens, 0 on padding)."""
-        h = self.encode(input_ids, attention_mask)
+    def states(self, input_ids, attention_mask=None, output_hidden_states=None, output_attentions=None):
+        """The last layer's states (B, T, C), and transformers' hidden_states if asked: encode()'s layers, the
+        embeddings then each block (each final-normed, as model.py's probes read them); else None."""
+        no_attentions(self.config, output_attentions)
+        if not (self.config.output_hidden_states if output_hidden_states is None else output_hidden_states):
+            return self.encode(input_ids, attention_mask), None
+        layers = self.encode(input_ids, attention_mask, range(self.model.config.n_layer + 1))
+        return layers[-1], tuple(layers)
+
+    def pool(self, input_ids, attention_mask, h):
+        """The pooling (B, C) of the encoder's states h (B, T, C), the export's pooler or mean pooling, over the real
+        tokens (attention_mask (B, T): 1 on tokens, 0 on padding)."""
         mask = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
-        return h, mean_pool(h, mask) if self.pooler is None else self.pooler(h, mask)
+        return mean_pool(h, mask) if self.pooler is None else self.pooler(h, mask)
 
-    def forward(self, input_ids, attention_mask=None, **kwargs):
-        h, pooled = self.pool(input_ids, attention_mask)
-        return BaseModelOutputWithPooling(last_hidden_state=h, pooler_output=F.normalize(pooled.float(), dim=-1))
+    def forward(self, input_ids, attention_mask=None, output_hidden_states=None, output_attentions=None,
+                return_dict=None, **kwargs):
+        h, hidden = self.states(input_ids, attention_mask, output_hidden_states, output_attentions)
+        pooled = F.normalize(self.pool(input_ids, attention_mask, h).float(), dim=-1)
+        return self.outputs(BaseModelOutputWithPooling(last_hidden_state=h, pooler_output=pooled,
+                                                       hidden_states=hidden), return_dict)
 
 
 # ----------------------------------------------------------------------------
@@ -110,6 +167,7 @@ class CrossBERTEncoderModel(CrossBERTPreTrainedModel):
 
 class LinearHead(CrossBERTPreTrainedModel):
     """The exported encoder and a linear classifier on its states (what the task heads below share)."""
+    _new_weights = ("classifier.",)
 
     def __init__(self, config):
         super().__init__(config)
@@ -121,10 +179,13 @@ class LinearHead(CrossBERTPreTrainedModel):
 class CrossBERTForSequenceClassification(LinearHead):
     """A linear head on the export's pooling of the encoder's states: classification, or regression for num_labels=1."""
 
-    def forward(self, input_ids, attention_mask=None, labels=None, **kwargs):
-        logits = self.classifier(self.crossbert.pool(input_ids, attention_mask)[1])
-        return SequenceClassifierOutput(loss=None if labels is None else sequence_loss(self.config, logits, labels),
-                                        logits=logits)
+    def forward(self, input_ids, attention_mask=None, labels=None, output_hidden_states=None, output_attentions=None,
+                return_dict=None, **kwargs):
+        h, hidden = self.crossbert.states(input_ids, attention_mask, output_hidden_states, output_attentions)
+        logits = self.classifier(self.crossbert.pool(input_ids, attention_mask, h))
+        return self.outputs(SequenceClassifierOutput(
+            loss=None if labels is None else sequence_loss(self.config, logits, labels), logits=logits,
+            hidden_states=hidden), return_dict)
 
 
 def sequence_loss(config, logits, labels):
@@ -146,10 +207,12 @@ def sequence_loss(config, logits, labels):
 class CrossBERTForTokenClassification(LinearHead):
     """A linear head on each of the encoder's states; labels of -100 (padding, a word's later pieces) are skipped."""
 
-    def forward(self, input_ids, attention_mask=None, labels=None, **kwargs):
-        logits = self.classifier(self.crossbert.encode(input_ids, attention_mask))
+    def forward(self, input_ids, attention_mask=None, labels=None, output_hidden_states=None, output_attentions=None,
+                return_dict=None, **kwargs):
+        h, hidden = self.crossbert.states(input_ids, attention_mask, output_hidden_states, output_attentions)
+        logits = self.classifier(h)
         loss = None if labels is None else F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100)
-        return TokenClassifierOutput(loss=loss, logits=logits)
+        return self.outputs(TokenClassifierOutput(loss=loss, logits=logits, hidden_states=hidden), return_dict)
 
 
 # ----------------------------------------------------------------------------
@@ -163,30 +226,61 @@ class CrossBERTForMaskedLM(CrossBERTPreTrainedModel):
     def __init__(self, config):
         super().__init__(config)
         if config.masked_lm is None:
-            raise ValueError("this export holds the encoder alone (exported with --encoder_only=True), which fills no "
-                             "mask: export the checkpoint again without --encoder_only to fill masks")
+            raise ValueError("this folder holds the encoder alone (an export with --encoder_only=True, or a save of "
+                             "AutoModel or of a task head, as hf/finetune.py's), which fills no mask: load the folder "
+                             "hf/export.py wrote without --encoder_only")
         cfg = ModelConfig(**config.masked_lm)
         self.model = MODELS[cfg.model_type](cfg)
         self.register_buffer("vocab_map", token_map(config))
         self.post_init()
 
-    def forward(self, input_ids, attention_mask=None, **kwargs):
-        """logits (B, T, token ids) at the <mask>s of input_ids (GPT-2 ids, B, T): what the trained model puts there;
+    def forward(self, input_ids, attention_mask=None, labels=None, output_hidden_states=None, output_attentions=None,
+                return_dict=None, **kwargs):
+        """logits (B, T, token ids) at the targets of input_ids (GPT-2 ids, B, T): what the trained model puts there;
         their softmax is sample.py's probabilities, over the ids it can fill (token_logits). Zero at other positions.
-        attention_mask (B, T): 1 on tokens, 0 on padding, which no row's fills depend on."""
+        - targets: the <mask>s; with labels (B, T), the positions whose label is not -100 (transformers' rule, which
+          DataCollatorForLanguageModeling follows), whatever input_ids holds there
+        - loss, with labels: training's on those targets (model.py's objective): the LM head's cross-entropy, over
+          the model's ids, for BERT and CrossBERT; ELECTRA's generator's, + rtd_weight x its discriminator's on the
+          replacements it samples (from torch's random generator)
+        - attention_mask (B, T): 1 on tokens, 0 on padding, which no row's fills depend on
+        - hidden_states: the encoder's layers (encode()) on input_ids as given"""
+        no_attentions(self.config, output_attentions)
         m = self.model
         B, T = input_ids.shape
         if T > m.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {m.config.block_size}; truncate the input")
         real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
         rows = self.vocab_map[input_ids]
-        targets = real & (rows == m.config.mask_token_id)
+        targets = real & (rows == m.config.mask_token_id if labels is None else labels != -100)
         target_pos, is_target = positions(targets)
         h = FILL[m.config.model_type](m, rows, real, targets, target_pos)        # (B, M, C)
-        fills = token_logits(m, self.vocab_map, m.lm_logits(h), self.config.mask_token_id, self.config.unk_token_id)
+        row_logits = m.lm_logits(h)                                               # (B, M, the model's ids)
+        fills = token_logits(m, self.vocab_map, row_logits, self.config.mask_token_id, self.config.unk_token_id)
         logits = fills.new_zeros(B, T, fills.size(-1))
-        logits[targets] = fills[is_target]  # both in row-major order: each row's <mask>s from left to right
-        return MaskedLMOutput(logits=logits)
+        logits[targets] = fills[is_target]  # both in row-major order: each row's targets from left to right
+        loss = None
+        if labels is not None:
+            gold = torch.where(targets, self.vocab_map[labels.clamp(min=0)], rows)  # the text's ids, all of them
+            loss = F.cross_entropy(row_logits[is_target].float(), gold.gather(1, target_pos)[is_target])
+            if m.config.model_type == "electra":
+                loss = loss + m.config.rtd_weight * rtd_loss(m, gold, real, targets, target_pos, row_logits)
+        hidden = None
+        if self.config.output_hidden_states if output_hidden_states is None else output_hidden_states:
+            hidden = tuple(m.encode(rows, real, range(m.config.n_layer + 1)))
+        return self.outputs(MaskedLMOutput(loss=loss, logits=logits, hidden_states=hidden), return_dict)
+
+
+def rtd_loss(m, gold, real, targets, target_pos, logits):
+    """ELECTRA's replaced-token detection loss (model.ELECTRA.objective) over the real tokens of gold (B, T), with
+    samples of the generator's logits (B, M, ids) at the targets: as in training, they send the generator no
+    gradient."""
+    u = torch.rand(target_pos.shape, device=gold.device)
+    replaced, _ = replace_tokens(gold, target_pos, logits.detach()[..., :m.config.mask_token_id], u)
+    replaced = torch.where(targets, replaced, gold)  # a row's padded target_pos holds other positions: kept
+    h, _ = m.run_encoder(replaced, torch.arange(gold.size(1), device=gold.device), real[:, None, None, :])
+    rtd = m.rtd_head(h).squeeze(-1).float()
+    return F.binary_cross_entropy_with_logits(rtd[real], (replaced != gold)[real].float())
 
 
 def positions(where):
@@ -206,9 +300,9 @@ def bert_states(m, rows, real, targets, target_pos):
 def crossbert_states(m, rows, real, targets, target_pos):
     """CrossBERT's predictor at the targets (model.CrossBERT.predict): the encoder sees the other tokens (the visible
     set), and the predictor's queries attend to its states. Padding is a key no query attends to."""
-    visible_pos, seen = positions(real & ~targets)
-    if not seen[:, 0].all():
+    if not (real & ~targets).any(1).all():
         raise ValueError("a text of <mask>s alone leaves CrossBERT's encoder nothing to see: keep some words")
+    visible_pos, seen = positions(real & ~targets)
     return m.predict(rows, Views(torch.arange(len(rows), device=rows.device), visible_pos, target_pos),
                      seen[:, None, None, :])
 

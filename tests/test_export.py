@@ -17,6 +17,7 @@ from evaluation.features import Backbone, pad, random_twin, tokenize
 from model import MODELS, ModelConfig
 from plumbing.checkpoint import save_checkpoint
 
+PAPER = '"Separating Representation from Reconstruction Enables Scalable Text Encoders" (ICML 2026)'
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, vocab_size=512)
 TEXTS = ["A short one.", "", "Naïve café — 東京 emoji 🙂, and <unk> or <mask spelled out.",
          "word " * 60, "  leading spaces\tand tabs\nand a newline", "1234567 numbers 3.14159", "x"]
@@ -182,6 +183,29 @@ def test_sentence_transformers_encode_equals_embed_py(kind, tmp_path):
     got = st.SentenceTransformer(str(out), trust_remote_code=True, device="cpu").encode(texts, convert_to_tensor=True,
                                                                                           batch_size=8)
     assert (got.cpu() - embed_texts(backbone, pooler, texts)).abs().max() <= 1e-5
+
+
+def test_the_model_card_says_what_the_model_is_and_what_trained_it(tmp_path):
+    """README.md: the family and size, the paper, loading with trust_remote_code, and from the checkpoint its data,
+    steps, tokens, FLOPs and code; the val loss against the unigram baseline from the run's log.jsonl, when there."""
+    path, backbone = write_ckpt(tmp_path, "electra")
+    run = dict(model=backbone.model.state_dict(), model_type="electra", model_args=vars(backbone.config),
+               vocab_map=backbone.vocab_map, config=dict(dataset="tinybooks"), step=300, tokens=921600, flops=9.49e12,
+               code=dict(commit="b6d67f8", dirty=True))
+    save_checkpoint(path, run)
+    records = [dict(step=0, unigram_loss=6.0844), dict(step=100, val_loss=5.8), dict(step=300, val_loss=5.3575),
+               dict(step=400, val_loss=5.1)]  # a later record than the checkpoint's step is not its loss
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    card = export.model_card("exported/tiny", backbone, run, dict(ckpt=str(path)), False)
+    for needle in ("pipeline_tag: fill-mask", "ELECTRA", "2 layers of width 32 with 2 heads", PAPER,
+                   'AutoModel.from_pretrained("exported/tiny", trust_remote_code=True)', 'pipeline("fill-mask"',
+                   "- data: tinybooks", "steps: 300; tokens: 921,600; training FLOPs: 9.49e+12",
+                   "5.3575 nats, 0.727 nats below the unigram baseline's 6.0844", "commit b6d67f8 with uncommitted"):
+        assert needle in card, needle
+    (tmp_path / "log.jsonl").unlink()
+    card = export.model_card("exported/enc", backbone, {}, dict(ckpt=str(path)), True)
+    assert "pipeline_tag: feature-extraction" in card and "fill-mask" not in card
+    assert "- data: not recorded" in card and "not recorded (no log.jsonl beside the checkpoint)" in card
 
 
 def test_bad_export_input_is_one_line_and_loses_nothing(tmp_path):

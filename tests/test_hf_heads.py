@@ -111,7 +111,7 @@ def test_a_padded_batch_fills_each_row_as_alone(model_type, tmp_path):
 def test_an_encoder_only_export_fills_no_mask(tmp_path):
     transformers = pytest.importorskip("transformers")
     out, model = exported(tmp_path, "crossbert", encoder_only=True)
-    with pytest.raises(ValueError, match="export the checkpoint again without --encoder_only"):
+    with pytest.raises(ValueError, match="holds the encoder alone.*hf/export.py wrote without --encoder_only"):
         transformers.AutoModelForMaskedLM.from_pretrained(out, trust_remote_code=True)
     hf = transformers.AutoModel.from_pretrained(out, trust_remote_code=True)
     ids = torch.tensor([[464, 3290, 318, 922]])
@@ -175,10 +175,28 @@ def test_finetune_trains_under_the_trainer(freeze, tmp_path):
     wte = tuned.crossbert.model.wte.weight
     assert torch.equal(wte, model.model.wte.weight) == freeze
     assert torch.equal(tuned.crossbert.vocab_map, torch.arange(VOCAB_SIZE))  # saved with it: the same ids
-    assert json.loads((tmp_path / "ft" / "config.json").read_text())["problem_type"] == "single_label_classification"
+    config = json.loads((tmp_path / "ft" / "config.json").read_text())
+    assert config["problem_type"] == "single_label_classification"
+    assert tuned.config.id2label == {0: "a", 1: "b"} and tuned.config.label2id == {"a": 0, "b": 1}  # the task's
+    with pytest.raises(ValueError, match="holds the encoder alone"):  # its save fills no mask (it filled NaN)
+        transformers.AutoModelForMaskedLM.from_pretrained(tmp_path / "ft", trust_remote_code=True)
 
 
 def test_bad_finetune_input_is_one_line(tmp_path):
     assert_one_line_error(finetune.main, [f"--out={tmp_path / 'ft'}"], "finetune.py", "--model=FOLDER is needed")
     assert_one_line_error(finetune.main, [f"--model={tmp_path}", f"--out={tmp_path / 'ft'}"], "finetune.py",
                           "is not an exported folder", "python hf/export.py")
+    model = tmp_path / "export"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    assert_one_line_error(finetune.main, [f"--model={model}", f"--out={model}", "--overwrite=True"], "finetune.py",
+                          "--out", "is --model", "would replace the export")
+    assert_one_line_error(finetune.main, [f"--model={model}", f"--out={model}/"], "finetune.py", "is --model")
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    assert_one_line_error(finetune.main, [f"--model={model}", f"--out={kept}"], "finetune.py", "already exists",
+                          "--overwrite=True")
+    assert_one_line_error(finetune.main, [f"--model={model}", f"--out={tmp_path / 'ft'}", "--task=SST-2",
+                                          f"--glue_dir={tmp_path / 'nope'}"], "finetune.py", "nope",
+                          "dev.tsv there, or pick another --task")
+    assert list(kept.iterdir()) == [] and [p.name for p in model.iterdir()] == ["config.json"]
