@@ -205,16 +205,18 @@ def write_model(folder, backbone, ckpt_info, pooler, saved, encoder_only):
         f.write(pooler_code())
 
 
-def val_losses(ckpt_path, step):
-    """(val loss, unigram baseline) of the run's log.jsonl beside the checkpoint: its last val loss up to the
-    checkpoint's step, and the first record's unigram loss; Nones without a log or a val loss."""
+def run_log(ckpt_path, step):
+    """(val loss, unigram baseline, probes) of the run's log.jsonl beside the checkpoint: its last val loss and
+    frozen-probe record (train.py's probe_interval) up to the checkpoint's step, and the first record's unigram loss;
+    Nones without a log or such records."""
     path = os.path.join(os.path.dirname(os.path.abspath(ckpt_path)), "log.jsonl")
     if not os.path.isfile(path):
-        return None, None
+        return None, None, None
     with open(path) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    val = [r["val_loss"] for r in records if "val_loss" in r and (step is None or r.get("step", 0) <= step)]
-    return (val[-1] if val else None), (records[0].get("unigram_loss") if records else None)
+        records = [r for r in map(json.loads, filter(str.strip, f)) if step is None or r.get("step", 0) <= step]
+    last = lambda key: next((r for r in reversed(records) if key in r), None)
+    val, probes = last("val_loss"), last("probe")
+    return (val and val["val_loss"]), (records[0].get("unigram_loss") if records else None), probes
 
 
 def model_card(name, backbone, ckpt, info, encoder_only):
@@ -228,7 +230,7 @@ def model_card(name, backbone, ckpt, info, encoder_only):
         training = [f"- untrained: the random-init twin (seed {info['seed']}) of {info['like']}, its shape and "
                     "vocabulary, the baseline a trained encoder must beat"]
     else:
-        val, unigram = val_losses(info["ckpt"], ckpt.get("step"))
+        val, unigram, probes = run_log(info["ckpt"], ckpt.get("step"))
         flops, tokens = ckpt.get("flops"), ckpt.get("tokens")
         training = [f"- data: {run.get('dataset', 'not recorded')}",
                     f"- steps: {ckpt.get('step', 'not recorded')}; tokens: "
@@ -238,7 +240,10 @@ def model_card(name, backbone, ckpt, info, encoder_only):
                                                                    if val is None else f"{val:.4f} nats")
                     + ("" if val is None or unigram is None else f", {abs(unigram - val):.3f} nats "
                        f"{'below' if unigram >= val else 'above'} the unigram baseline's {unigram:.4f} (a model "
-                       "that ignores context)")]
+                       "that ignores context)"),
+                    "- frozen probes of the last layer (probe.py's linear and kNN, in percent): "
+                    + ("not recorded (train.py's probe_interval was 0)" if not probes else f"at step {probes['step']}, "
+                       + ", ".join(f"{k} {v:.1f}" for k, v in probes["probe"].items()))]
     commit = code.get("commit")
     training.append("- code: " + ("not recorded" if not commit else f"commit {commit}"
                                   + (" with uncommitted changes" if code.get("dirty") else "")))

@@ -167,11 +167,13 @@ def init_processes(device, rank, local_rank, join_timeout):
 
 
 def describe(model, s, world_size, grad_accum, micro_batch, flops_per_step, max_iters, unigram, peak):
-    """The lines a run starts its log with: the model, the batch and budget, the peak MFU divides by, the unigram
-    baseline."""
+    """The lines a run starts its log with: the model, the batch and budget (and a note where max_flops overrode the
+    max_iters setting), the peak MFU divides by, the unigram baseline."""
     V, _, M = model.config.views
     T = s["block_size"]
-    return (f"{s['model_type']}: {model.num_params() / 1e6:.2f}M parameters ({model.num_params(True) / 1e6:.2f}M "
+    budget = (f"note: max_flops={s['max_flops']:.3g} sets the run's length: {max_iters} steps, not the max_iters "
+              f"setting's {s['max_iters']}\n" if s["max_flops"] and s["max_iters"] != max_iters else "")
+    return budget + (f"{s['model_type']}: {model.num_params() / 1e6:.2f}M parameters ({model.num_params(True) / 1e6:.2f}M "
             f"non-embedding), vocabulary {model.config.vocab_size}, mask ratio {M / T:.4g}, {V} view(s) per row, "
             f"{V * M} of {T} positions predicted per row\n"
             f"{world_size} process(es) x {grad_accum} micro-step(s) x {micro_batch} rows x {T} tokens = "

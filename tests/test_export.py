@@ -193,19 +193,22 @@ def test_the_model_card_says_what_the_model_is_and_what_trained_it(tmp_path):
                vocab_map=backbone.vocab_map, config=dict(dataset="tinybooks"), step=300, tokens=921600, flops=9.49e12,
                code=dict(commit="b6d67f8", dirty=True))
     save_checkpoint(path, run)
-    records = [dict(step=0, unigram_loss=6.0844), dict(step=100, val_loss=5.8), dict(step=300, val_loss=5.3575),
-               dict(step=400, val_loss=5.1)]  # a later record than the checkpoint's step is not its loss
+    records = [dict(step=0, unigram_loss=6.0844), dict(step=100, val_loss=5.8), dict(step=300, val_loss=5.3575,
+               probe={"SST-2/linear": 61.25, "SST-2/knn": 55.0}), dict(step=400, val_loss=5.1, probe={})]
+    # a later record than the checkpoint's step is not its loss
     (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     card = export.model_card("exported/tiny", backbone, run, dict(ckpt=str(path)), False)
     for needle in ("pipeline_tag: fill-mask", "ELECTRA", "2 layers of width 32 with 2 heads", PAPER,
                    'AutoModel.from_pretrained("exported/tiny", trust_remote_code=True)', 'pipeline("fill-mask"',
                    "- data: tinybooks", "steps: 300; tokens: 921,600; training FLOPs: 9.49e+12",
-                   "5.3575 nats, 0.727 nats below the unigram baseline's 6.0844", "commit b6d67f8 with uncommitted"):
+                   "5.3575 nats, 0.727 nats below the unigram baseline's 6.0844", "commit b6d67f8 with uncommitted",
+                   "at step 300, SST-2/linear 61.2, SST-2/knn 55.0"):
         assert needle in card, needle
     (tmp_path / "log.jsonl").unlink()
     card = export.model_card("exported/enc", backbone, {}, dict(ckpt=str(path)), True)
     assert "pipeline_tag: feature-extraction" in card and "fill-mask" not in card
     assert "- data: not recorded" in card and "not recorded (no log.jsonl beside the checkpoint)" in card
+    assert "not recorded (train.py's probe_interval was 0)" in card
 
 
 def test_bad_export_input_is_one_line_and_loses_nothing(tmp_path):

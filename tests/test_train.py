@@ -702,3 +702,16 @@ def test_wandb_gets_the_records_of_the_log_and_a_resumed_run_goes_on_in_its_run(
     kept = [r for r in logs[0] if r["step"] < 2 or (r["step"] == 2 and "loss" in r)]
     assert logs[1] == kept + [s["data"] for s in sent2] and logs[1][-1]["step"] == 4
     assert len(list(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))) == 2  # wandb wrote both, offline
+
+
+def test_a_flop_budget_that_overrides_max_iters_says_so():
+    from model import CrossBERT, ModelConfig
+    from plumbing import run
+    from plumbing.throughput import Peak
+    model = CrossBERT(ModelConfig(n_layer=1, n_head=2, n_embd=32, block_size=32))
+    s = dict(model_type="crossbert", block_size=32, total_batch_size=64, device="cpu", dtype="float32",
+             max_flops=1e12, max_iters=100)
+    peak = Peak(torch.device("cpu"), torch.float32, 1)
+    lines = run.describe(model, s, 1, 1, 2, 1e9, 1000, 6.0, peak).splitlines()
+    assert lines[0] == "note: max_flops=1e+12 sets the run's length: 1000 steps, not the max_iters setting's 100"
+    assert not run.describe(model, dict(s, max_flops=0.0), 1, 1, 2, 1e9, 100, 6.0, peak).startswith("note")
