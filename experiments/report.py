@@ -354,9 +354,9 @@ def own_lr(results):
 def replace_table(results):
     """BERT with the 80/10/10 corruption (the replace axis) against all-<mask> BERT at the same learning-rate multiplier,
     and CrossBERT at its own chosen rate against each, paired by seed at equal FLOPs; "" without runs of the axis. A
-    row: the seeds, each side's val loss (each beside the unigram loss: 80/10/10 predicts the same targets from a
-    different input, so the two compare), linear and kNN (mean ± sd; the twins' at those seeds), and the paired
-    differences [95% interval]."""
+    row: the seeds, each side's val loss beside the unigram loss (80/10/10's validation keeps its rule, so a tenth of
+    its targets stand unchanged in the input: its loss does not compare with all-<mask>'s), linear and kNN (mean ± sd;
+    the twins' at those seeds), and the paired differences [95% interval]: the probes are the comparison."""
     rows = {}  # (budget, shape, multiplier) -> {seed: record}
     for r in results:
         if r["axis"] == "replace":
@@ -541,7 +541,8 @@ def write_markdown(results, out_dir):
         extra += ("\n## BERT's corruption: 80/10/10 against all <mask>\n\nBERT with BERT's own rule (80% <mask>, 10% a "
                   "random token, 10% unchanged) against the all-<mask> BERT of the main and lr axes at the same "
                   "learning rate, and CrossBERT at its own chosen rate against each, paired by seed at equal FLOPs; the "
-                  "stronger BERT is the baseline.\n\n" + corruption)
+                  "stronger BERT on the frozen probes is the baseline (80/10/10's val loss counts targets its input "
+                  "shows unchanged, so the losses do not compare).\n\n" + corruption)
     cms = cms_table(results)
     if cms:
         extra += ("\n## Complementary masking: input tokens to the same score\n\nCrossBERT with CMS (two complementary "
