@@ -212,7 +212,7 @@ def prepare_tinybooks(out_dir=TINYBOOKS):
 
 def prepare(s, script):
     """What a data/<corpus>/prepare.py does with its SETTINGS s: read the documents, write the token files. Bad input
-    ends in one line naming `script` (errors.py), with no traceback."""
+    ends in one line naming `script` (configurator.py's rule), with no traceback."""
     with user_errors(script):
         if not (s["input"] or s["dataset"]):
             raise UserError(f"pass --input= {FORMATS}, or --dataset= a Hugging Face dataset")

@@ -30,8 +30,8 @@ The folder holds:
                          (the source of embeddings/vectors.py's poolers): the exported model runs the code it was
                          trained with, not a second implementation, and imports nothing from this project
   tokenizer.json, tokenizer_config.json   GPT-2's BPE, written from data/gpt2.tiktoken: <mask> is its mask token,
-                         pairs are joined by <|endoftext|> as features.py joins them, and <unk> (the first padding id)
-                         names the compact vocabulary's <unk> among the fills
+                         pairs are joined by <|endoftext|> as evaluation/features.py joins them, and <unk> (the
+                         first padding id) names the compact vocabulary's <unk> among the fills
   modules.json, ...      sentence-transformers' files, when it (6.0 or later) is installed
   README.md              the model card: the family and size, the paper, how to load it, its training data, steps,
                          tokens and FLOPs, its val loss against the unigram baseline (from log.jsonl beside the
@@ -144,8 +144,8 @@ def write_tokenizer(folder, block_size):
     """tokenizer.json (the tokenizers library's format, written out here) and tokenizer_config.json: GPT-2's BPE as
     data/tokenizer.py encodes, no BOS or EOS added. <|endoftext|>, <mask> and <pad> are its special tokens, and their
     spellings in a text are read as them, as transformers' tokenizers do (the fill-mask pipeline finds <mask> so);
-    the spaces before a <mask> belong to it, as in encode_masked(). Pairs are a <|endoftext|> b, as features.py joins
-    them; texts are cut at block_size tokens, from the longer side of a pair first."""
+    the spaces before a <mask> belong to it, as in encode_masked(). Pairs are a <|endoftext|> b, as
+    evaluation/features.py joins them; texts are cut at block_size tokens, from the longer side of a pair first."""
     vocab, merges = bpe_files(load_ranks())
     special = [dict(id=i, content=t, single_word=False, lstrip=t == "<mask>", rstrip=False, normalized=False,
                     special=True) for t, i in (("<|endoftext|>", EOT), ("<mask>", MASK), ("<pad>", PAD))]

@@ -304,7 +304,7 @@ def test_texts_command_writes_one_row_per_line_in_order(kind, tmp_path):
     ids, _ = tokenize([(t,) for t in LINES], 32)
     direct = features(model, ids, pool=pooler or mean_pool)[2]
     direct = torch.nn.functional.normalize(torch.from_numpy(direct), dim=-1)
-    assert np.abs(z - direct.numpy()).max() <= 1e-6  # mean pooling without a pooler: features.py's mean-pooled features
+    assert np.abs(z - direct.numpy()).max() <= 1e-6  # mean pooling without a pooler: evaluation/features.py's mean-pooled features
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"id": i, "body": t}) + "\n\n" for i, t in enumerate(LINES)))
     embed.main([a.replace("in.txt", "in.jsonl") for a in args] + ["--text_key=body"])  # blank .jsonl lines are skipped
     assert np.array_equal(np.load(tmp_path / "out.npy"), z)

@@ -37,7 +37,7 @@ def test_help_lists_the_settings_with_defaults_and_comments(script, begins, sett
 
 @pytest.mark.parametrize("script", ["probe", "embed", "sample", "export"])
 def test_the_evaluators_help_shows_every_setting_with_a_comment(script, capsys):
-    """Each setting's row: its default, and a comment (the backbone's from features.py, e.g. --n_layer's)."""
+    """Each setting's row: its default, and a comment (the backbone's from evaluation/features.py, e.g. --n_layer's)."""
     module = importlib.import_module(script)
     with pytest.raises(SystemExit) as e:
         module.main(["--help"])
