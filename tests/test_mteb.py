@@ -7,6 +7,7 @@ pytest.importorskip("mteb")
 import embed  # noqa: E402  (after the skip: without mteb there is nothing to test here)
 from configurator import UserError  # noqa: E402
 from embeddings.vectors import zero_shot_sts  # noqa: E402
+from evaluation.features import Backbone  # noqa: E402
 from model import CrossBERT, ModelConfig  # noqa: E402
 
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
@@ -16,7 +17,7 @@ TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32)
 def test_glue_sts_b_through_mteb_equals_our_zero_shot_score(shared_dir, tmp_path):
     sts = shared_dir / "glue" / "STS-B"
     torch.manual_seed(0)
-    model = CrossBERT(ModelConfig(**TINY)).eval()
+    model = Backbone(CrossBERT(ModelConfig(**TINY))).eval()  # as embed.py loads it
     tasks = embed.mteb_tasks(str(sts))  # loaded from the local dev.tsv, no hub
     assert [t.metadata.name for t in tasks] == ["STS-B"] and len(tasks[0].dataset["test"]) == 1500
     scores = embed.mteb_scores(model, None, tasks, tmp_path, "crossbert/zero-shot", "random")
