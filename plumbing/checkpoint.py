@@ -91,7 +91,8 @@ def read_checkpoint(path, device="cpu"):
             block = ", ".join(f"{k}={args.get(k)}" for k in FIXED_BLOCK)
             raise UserError(f"{path} holds a model of an earlier block ({block}); read it with the code of commit "
                             "5bd5a8c (git checkout 5bd5a8c)")
-        ckpt["model_args"] = {k: v for k, v in args.items() if k in {f.name for f in fields(ModelConfig)}}
+        names = {f.name for f in fields(ModelConfig)}
+        ckpt["model_args"] = {k: v for k, v in args.items() if k in names}
         ckpt["vocab_map"] = ckpt["model"].pop("vocab_map", None)
     bad = [k for k, v in ckpt["model"].items() if v.is_floating_point() and not torch.isfinite(v).all()]
     if bad:
