@@ -27,31 +27,37 @@ rest; the task heads hold the encoder model as `crossbert` (base_model_prefix), 
 weights for it, and `model.base_model` is what a user freezes to train the head alone.
 
 transformers' conventions: output_hidden_states (model.encode()'s layers: the embeddings, then each block), return_dict,
-get/set_input_embeddings, attn_implementation "sdpa" (the default; model.py's attention is always torch's SDPA). What
-the model cannot give is refused in one line: output_attentions (SDPA returns no weights), resize_token_embeddings,
-gradient checkpointing; and a folder that lacks weights a class needs (other than a new task head) does not load.
+get/set_input_embeddings, resize_token_embeddings (a row for each token added to the tokenizer), activation (gradient)
+checkpointing of model.py's blocks, attn_implementation "sdpa" (the default; model.py's attention is always torch's
+SDPA). What the model cannot give is refused in one line: output_attentions (SDPA returns no weights); and a folder that
+lacks weights a class needs (other than a new task head) does not load.
 """
+from functools import partial
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from transformers import PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import (BaseModelOutputWithPooling, MaskedLMOutput, SequenceClassifierOutput,
                                            TokenClassifierOutput)
 
 from .masking import Views, replace_tokens
-from .model import BERT, MODELS, MaskedLM, ModelConfig, rope_tables
+from .model import BERT, MODELS, Block, MaskedLM, ModelConfig, rope_tables
 from .poolers import POOLERS, mean_pool
 
 
 class CrossBERTEncoderConfig(PretrainedConfig):
     model_type = "crossbert_encoder"
 
-    def __init__(self, encoder=None, masked_lm=None, pooler=None, trained_as=None, **kwargs):
+    def __init__(self, encoder=None, masked_lm=None, pooler=None, trained_as=None, added_tokens=0, **kwargs):
         self.encoder = encoder or {}    # model.ModelConfig's fields, of the BERT whose LM head is dropped
         self.masked_lm = masked_lm      # the trained model's ModelConfig fields, where the export holds what fills
                                         # masks; None: the encoder alone
         self.pooler = pooler            # None (mean pooling), or one of POOLERS: {"kind", "n_embd", "n_head"}
         self.trained_as = trained_as    # the family that trained the encoder: bert, crossbert or electra
+        self.added_tokens = added_tokens  # tokens added to the tokenizer (ids from unk_token_id + 1 on), each with a
+                                          # row of its own (resize_token_embeddings)
         super().__init__(**kwargs)
 
 
@@ -59,6 +65,7 @@ class CrossBERTPreTrainedModel(PreTrainedModel):
     config_class = CrossBERTEncoderConfig
     base_model_prefix = "crossbert"
     _supports_sdpa = True  # the default attn_implementation; model.py computes attention with SDPA alone
+    supports_gradient_checkpointing = True  # model.py's blocks (_set_gradient_checkpointing)
     _new_weights = ()  # name prefixes of weights a class initialises itself when the folder lacks them (a task head)
     # an export holds the filling part beside the encoder (LM head, predictor or generator): the encoder's classes
     # leave it unread, without a warning
@@ -85,9 +92,56 @@ class CrossBERTPreTrainedModel(PreTrainedModel):
     def set_input_embeddings(self, value):
         self.base_model.model.wte = value
 
-    def resize_token_embeddings(self, *args, **kwargs):
-        raise ValueError("resize_token_embeddings: the model reads GPT-2 ids through its vocabulary map (vocab_map), "
-                         "fixed by training; it takes no new tokens")
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
+        """transformers' resize after tokenizer.add_tokens: the model reads new_num_tokens token ids (rounded up to a
+        multiple of pad_to_multiple_of), each id past the tokenizer's own (from unk_token_id + 1 on) with a row of its
+        own in the token embedding (and the LM head's bias), set to the mean of the rows or, with mean_resizing=False,
+        as model.py initialises. The ids it read before keep their rows, so their outputs do not change. A compact
+        vocabulary grows by the new rows, below its <mask> and <pad> (its last two rows, model.py's rule); GPT-2's
+        vocabulary gives them its spare rows, the ids' own past <unk>. Returns the token embedding."""
+        base, cfg, m = self.base_model, self.config, self.base_model.model
+        if new_num_tokens is None:
+            return self.get_input_embeddings()
+        first, n = cfg.unk_token_id + 1, new_num_tokens
+        if pad_to_multiple_of:
+            n = -(-n // pad_to_multiple_of) * pad_to_multiple_of
+        k = n - first - cfg.added_tokens  # the ids added now
+        if k < 0:
+            raise ValueError(f"resize_token_embeddings({n}): the tokenizer's ids and those added to it are "
+                             f"{first + cfg.added_tokens}; it grows to a tokenizer's length (len(tokenizer)), not below")
+        grow = m.config.mask_token_id == m.config.vocab_size - 2
+        # a compact vocabulary stays below GPT-2's <mask> and <pad> (model.py's rule), GPT-2's has its spare rows
+        room = cfg.mask_token_id + 2 - m.config.vocab_size if grow else m.config.vocab_size - n + k
+        if k > room:
+            raise ValueError(f"resize_token_embeddings({n}): the model has room for {room} more tokens, not {k}")
+        at = m.config.vocab_size - 2 if grow else first + cfg.added_tokens  # the first new row
+
+        def put(w, new):  # w with rows `new` from `at` on: inserted, or in place of the spare rows there
+            return torch.cat([w[:at], new.to(w), w[at + (0 if grow else k):]])
+
+        old = m.wte.weight.detach()
+        m.wte = nn.Embedding(len(old) + k * grow, old.size(1), device=old.device, dtype=old.dtype)
+        m.wte.weight.data = put(old, old.mean(0).expand(k, -1) if mean_resizing
+                                else torch.randn(k, old.size(1)) * m.config.init_std)
+        if m.decoder_bias is not None:
+            bias = m.decoder_bias.detach()
+            m.decoder_bias = nn.Parameter(put(bias, bias.mean().expand(k) if mean_resizing else bias.new_zeros(k)))
+        vmap = base.vocab_map[:first + cfg.added_tokens]
+        base.vocab_map = torch.cat([vmap + k * grow * (vmap >= at), torch.arange(at, at + k, device=vmap.device)])
+        m.config.vocab_size += k * grow
+        for part in (cfg.encoder, cfg.masked_lm):
+            if part is not None:
+                part["vocab_size"] = m.config.vocab_size
+        cfg.vocab_size, cfg.added_tokens = n, n - first
+        return m.wte
+
+    def _set_gradient_checkpointing(self, enable=True, gradient_checkpointing_func=checkpoint, every_n_layers=1):
+        """transformers' activation checkpointing (gradient_checkpointing_enable and disable; the Trainer's
+        gradient_checkpointing=True) on model.py's blocks, every every_n_layers-th: in training, a block keeps only its
+        input and runs again in the backward pass. The weights and what they compute are unchanged."""
+        for i, block in enumerate(m for m in self.modules() if isinstance(m, Block)):
+            block.gradient_checkpointing = enable and i % every_n_layers == 0  # what transformers reads back
+            block.forward = partial(recomputed, block, gradient_checkpointing_func)
 
     def outputs(self, out, return_dict):
         """transformers' output object, or its tuple (return_dict=False)."""
@@ -108,6 +162,13 @@ class CrossBERTPreTrainedModel(PreTrainedModel):
         elif module is getattr(self, "classifier", None):
             module.weight.normal_(std=ModelConfig(**self.config.encoder).init_std)
             module.bias.zero_()
+
+
+def recomputed(block, checkpoint_func, *args, **kwargs):
+    """model.py's Block.forward, under checkpoint_func when the block is checkpointed, training and has a backward."""
+    if block.gradient_checkpointing and block.training and torch.is_grad_enabled():
+        return checkpoint_func(Block.forward, block, *args, **kwargs)
+    return Block.forward(block, *args, **kwargs)
 
 
 def token_map(config):
@@ -256,7 +317,7 @@ class CrossBERTForMaskedLM(CrossBERTPreTrainedModel):
         target_pos, is_target = positions(targets)
         h = FILL[m.config.model_type](m, rows, real, targets, target_pos)        # (B, M, C)
         row_logits = m.lm_logits(h)                                               # (B, M, the model's ids)
-        fills = token_logits(m, self.vocab_map, row_logits, self.config.mask_token_id, self.config.unk_token_id)
+        fills = token_logits(m, self.vocab_map, row_logits, self.config)
         logits = fills.new_zeros(B, T, fills.size(-1))
         logits[targets] = fills[is_target]  # both in row-major order: each row's targets from left to right
         loss = None
@@ -316,19 +377,22 @@ def electra_states(m, rows, real, targets, target_pos):
 FILL = {"bert": bert_states, "crossbert": crossbert_states, "electra": electra_states}
 
 
-def token_logits(m, vocab_map, logits, n_text, unk):
+def token_logits(m, vocab_map, logits, config):
     """Logits over token ids (.., len(vocab_map)) of logits over the model's embedding rows (.., vocab_size), the
     rows vocab_map gives the token ids. The fills are the rows a text can hold (those below <mask>, as sample.py
-    fills): each at the one text id (below n_text) whose row it is alone; the rest (a compact vocabulary's <unk>, the
-    row of every rare id) together at the token id unk, by logsumexp; the other ids -inf. So their softmax is
-    sample.py's probabilities, each fill at its token."""
-    text = logits[..., :m.config.mask_token_id].float()
-    ids = torch.arange(n_text, device=logits.device)
-    row = vocab_map[:n_text]  # each text id's row
+    fills) and those of tokens added to the tokenizer: each at the one id (a text id below config.mask_token_id, or an
+    added one) whose row it is alone; the rest (a compact vocabulary's <unk>, the row of every rare id) together at
+    config.unk_token_id, by logsumexp; the other ids -inf. So their softmax is sample.py's probabilities, each fill at
+    its token."""
+    first = config.unk_token_id + 1
+    ids = torch.cat([torch.arange(config.mask_token_id), torch.arange(first, first + config.added_tokens)])
+    ids = ids.to(logits.device)
+    row = vocab_map[ids]
     alone = torch.bincount(row, minlength=m.config.vocab_size)[row] == 1
+    text = logits[..., :m.config.mask_token_id].float()
     rest = torch.ones(text.size(-1), dtype=torch.bool, device=logits.device)
-    rest[row[alone]] = False
+    rest[row[alone & (row < text.size(-1))]] = False
     out = text.new_full((*text.shape[:-1], len(vocab_map)), float("-inf"))
-    out[..., ids[alone]] = text[..., row[alone]]
-    out[..., unk] = text[..., rest].logsumexp(-1)
+    out[..., ids[alone]] = logits[..., row[alone]].float()
+    out[..., config.unk_token_id] = text[..., rest].logsumexp(-1)
     return out
