@@ -32,7 +32,8 @@ class ModelConfig:
     init_std: float = 0.02           # the paper lowered it to stabilise its largest model
     mask_ratio: float | None = None  # None: the model's default, BERT 0.2, CrossBERT 0.5, ELECTRA 0.15
     cms: bool | None = None          # complementary views; None: CrossBERT's alone
-    random_replace: bool = False     # BERT's 80/10/10 corruption instead of all <mask>
+    random_replace: bool | None = None  # BERT's 80/10/10 (80% <mask>, 10% a random token, 10% unchanged); False:
+                                        # every target <mask>; None: on for BERT (the stronger baseline: LOG.md)
     pred_layer: int | None = None    # CrossBERT's predictor depth; None: max(1, n_layer // 4)
     gen_width: float = 0.25          # ELECTRA's generator width, a fraction of n_embd (rounded to whole heads)
     gen_layer: int | None = None     # ELECTRA's generator depth; None: n_layer
@@ -59,6 +60,7 @@ class ModelConfig:
         if self.mask_ratio is None:
             self.mask_ratio = {"bert": 0.2, "crossbert": 0.5, "electra": 0.15}[self.model_type]
         self.cms = self.model_type == "crossbert" if self.cms is None else self.cms
+        self.random_replace = self.model_type == "bert" if self.random_replace is None else self.random_replace
         self.pred_layer = self.pred_layer or max(1, self.n_layer // 4)
         self.gen_layer = self.gen_layer or self.n_layer
         view_shape(self.block_size, self.mask_ratio, self.cms)  # the views must cut the block (a ValueError if not)

@@ -1,5 +1,5 @@
 # The BERT twin of the default run: same encoder, data and training FLOPs (1.2e14: 9,607 steps, since a BERT step
-# costs less); 20% masking, no CMS.
+# costs less); 20% masking with BERT's 80/10/10, no CMS.
 model_type = "bert"
 n_layer = 2
 n_head = 2

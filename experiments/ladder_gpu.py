@@ -54,7 +54,9 @@ settings = dict(
     minutes=8.0,              # the command's wall time, from its start to its last file
     sizes="6x384",            # the rungs, n_layer x n_embd (heads of 64 channels)
     seeds=3,                  # training seeds per family and rung
-    families="bert,crossbert,electra",  # seed 0 of each first, then seed 1, ...; ELECTRA's seeds after the others'
+    families="bert-801010,crossbert,bert,electra",  # seed 0 of each first, then seed 1, ...; ELECTRA's seeds after the
+                              # others'. bert-801010: BERT's 80/10/10, the baseline (sweep.py's replace axis); bert: all
+                              # <mask>, the ladder's BERT before it
     lr_scales="1",            # multipliers of the law's learning rate (and min_lr) each family trains at, each seed's
                               # in this order: 1 = the ladder's main runs; others are the lr axis's runs (-lr<m> names),
                               # e.g. 1,2 for the law and each family's own rate where the grid chose x2
@@ -78,15 +80,18 @@ TINY_TOKENS_PER_PARAM = 0.05  # --smoke: a few dozen steps
 def queue(s, p, sizes, done, lr_scales=(1.0,)):
     """[(name, family, settings, lr multiplier)] of the runs to train, in order: at each rung seed 0 of every family at
     each multiplier, then seed 1, ...; ELECTRA after the other families' seeds. Runs named in `done` are skipped."""
-    families = read_families(s["families"])
+    families = read_families(s["families"], replace=True)
     runs = []
     for i, (L, C, H) in enumerate(sizes):
         order = sorted(((k, m, f) for k in range(s["seeds"]) for m in lr_scales for f in families),
                        key=lambda kmf: (kmf[2] == "electra", kmf[0], lr_scales.index(kmf[1]), families.index(kmf[2])))
         for k, m, fam in order:
-            name = f"{fam}-{L}x{C}" + (f"-lr{m:g}" if m != 1 else "") + (f"-s{k}" if k else "")
+            model_type, replace = fam.removesuffix("-801010"), fam.endswith("-801010")
+            name = (f"{model_type}-{L}x{C}" + (f"-lr{m:g}" if m != 1 else "") + "-801010" * replace
+                    + (f"-s{k}" if k else ""))  # sweep.py's names
             if name not in done:
-                rs = run_settings(p, L, C, H, fam, size_budget(p, i), seed=1337 + k)
+                rs = run_settings(p, L, C, H, model_type, size_budget(p, i), seed=1337 + k,
+                                  **dict(random_replace=True) if replace else {})
                 rs.update(learning_rate=rs["learning_rate"] * m, min_lr=rs["min_lr"] * m)
                 runs.append((name, fam, rs, m))
     return runs
@@ -141,7 +146,8 @@ def probe_run(name, rs, lr_scale, run_dir, s, twins):
     t0 = time.time()
     every = list(range(rs["n_layer"] + 1))
     layered = lambda b: {str(k): flat(v) for k, v in probe_model(b, s["task_data"], 64, every).items()}
-    r, backbone = run_record(name, "main" if lr_scale == 1 else "lr", rs, run_dir, s["device"], lr_scale=lr_scale)
+    axis = "replace" if rs.get("random_replace") else "main" if lr_scale == 1 else "lr"  # sweep.py's axes
+    r, backbone = run_record(name, axis, rs, run_dir, s["device"], lr_scale=lr_scale)
     r["layers"] = layered(backbone)
     r["scores"] = r["layers"][str(rs["n_layer"])]
     r["trajectory"] = trajectory(run_dir, s["device"], layered)
@@ -195,7 +201,7 @@ def main(argv):
         raise UserError(f"--sizes={s['sizes']}: expected n_layer x n_embd pairs, e.g. 6x384,8x512") from None
     if any(C % 64 for _, C, _ in sizes):
         raise UserError(f"--sizes={s['sizes']}: widths must be multiples of 64 (heads of 64 channels)")
-    read_families(s["families"])
+    read_families(s["families"], replace=True)
     lr_scales = read_lr_scales(s["lr_scales"], "1,2")
     check_device(s["device"])
     on_record = {}

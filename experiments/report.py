@@ -16,7 +16,14 @@ from stats import fmt, fmt_ratio, interval, trend, verdict
 
 
 PROBES = (("linear_avg", "linear"), ("knn_avg", "kNN"))
-COMPARISONS = (("crossbert", "bert"), ("electra", "bert"), ("crossbert", "electra"))  # family − baseline
+BASELINE = "bert 80/10/10"  # BERT's own corruption (the replace axis): the stronger BERT, so the baseline (LOG.md)
+COMPARISONS = (("crossbert", BASELINE), ("crossbert", "bert"), ("electra", BASELINE), ("electra", "bert"),
+               ("crossbert", "electra"))  # family − baseline; "bert": all <mask>, the ladder's BERT before 80/10/10
+
+
+def family(r):
+    """A record's family: its model_type, or BASELINE for a BERT with the 80/10/10 corruption."""
+    return BASELINE if r["model_type"] == "bert" and r["settings"].get("random_replace") else r["model_type"]
 
 
 def seed_of(r):
@@ -271,12 +278,12 @@ def law_at(results, grids, fam, F0, m0, d):
 
 
 def lr_grids(results):
-    """{(budget, shape, family): {multiplier: {seed: record}}} of the main and lr axes, for the families the lr axis
-    ran at that budget and shape (the main runs are its x1)."""
+    """{(budget, shape, family): {multiplier: {seed: record}}} of the main, lr and replace axes, for the families the
+    lr axis ran at that budget and shape (the main runs are its x1), and BERT 80/10/10 at the multipliers it ran at."""
     grids = {}
     for r in results:
-        if r["axis"] in ("main", "lr"):
-            key = (r["settings"]["max_flops"], shape_of(r), r["model_type"])
+        if r["axis"] in ("main", "lr", "replace"):
+            key = (r["settings"]["max_flops"], shape_of(r), family(r))
             grids.setdefault(key, {}).setdefault(lr_scale_of(r), {})[seed_of(r)] = r
     return {key: g for key, g in grids.items() if len(g) > 1 or 1.0 not in g}
 
@@ -535,7 +542,9 @@ def write_markdown(results, out_dir):
                   "rate (x1: the main axis), mean ± sd over seeds. The rule, fixed before the runs: each family takes "
                   "the multiplier with its own lowest mean val loss, over the seeds every multiplier has (seed 0 alone "
                   "when the grid has one seed); the linear probe's pick by the same rule is beside it, a sensitivity, "
-                  "not the choice.\n\n" + lr)
+                  f"not the choice. The baseline is {BASELINE} (BERT's own corruption, the stronger BERT: the next "
+                  "section); it ran at all-<mask> BERT's chosen multiplier alone, so its one multiplier is its choice. "
+                  "The all-<mask> BERT (bert) stays beside it, the ladder's BERT before.\n\n" + lr)
     corruption = replace_table(results)
     if corruption:
         extra += ("\n## BERT's corruption: 80/10/10 against all <mask>\n\nBERT with BERT's own rule (80% <mask>, 10% a "

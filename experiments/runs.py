@@ -95,13 +95,15 @@ PRESETS = {
 }
 
 
-def read_families(spec):
-    """The model families of --families (comma-separated); one not in model.py's MODELS is a UserError."""
+def read_families(spec, replace=False):
+    """The model families of --families (comma-separated); one not in model.py's MODELS (or bert-801010, BERT's 80/10/10,
+    where `replace`) is a UserError."""
     families = spec.split(",")
-    unknown = [f for f in families if f not in MODELS]
+    known = [*MODELS, "bert-801010"] if replace else list(MODELS)
+    unknown = [f for f in families if f not in known]
     if unknown:
         raise UserError(f"--families: unknown {', '.join(unknown)}; expected a comma-separated subset of "
-                        f"{','.join(MODELS)}")
+                        f"{','.join(known)}")
     return families
 
 
@@ -135,6 +137,8 @@ def run_settings(p, n_layer, n_embd, n_head, model_type, flops, **extra):
     s = dict(model_type=model_type, n_layer=n_layer, n_embd=n_embd, n_head=n_head, block_size=p["block_size"],
              dataset=p["dataset"], vocab_size=p["vocab_size"], max_flops=float(flops),
              learning_rate=lr0 * (flops / F0) ** LR_EXP, total_batch_size=total, batch_size=micro)
+    if model_type == "bert":  # a ladder BERT under a plain name is all <mask>, as on record; -801010 names 80/10/10
+        s["random_replace"] = False
     s.update(min_lr=s["learning_rate"] / 10, **extra)
     s["warmup_iters"] = max(1, steps_for(s)[0] // 20)  # 5% of the run
     return s

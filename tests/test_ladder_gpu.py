@@ -38,6 +38,12 @@ def test_the_plan_is_seed_0_of_each_family_first_and_electra_last():
         ("crossbert-6x384-s1", 1.0), ("bert-6x384-lr2-s1", 2.0), ("crossbert-6x384-lr2-s1", 2.0)]
     law, twice = runs[0][2], runs[2][2]
     assert twice == dict(law, learning_rate=2 * law["learning_rate"], min_lr=2 * law["min_lr"])
+    # the baseline, BERT's 80/10/10 (the sweep's replace axis and names), beside all-<mask> BERT (a plain name)
+    s = dict(s, families="bert-801010,crossbert,bert", seeds=1)
+    runs = {n: rs for n, _, rs, _ in queue(s, p, p["sizes"], done=set(), lr_scales=[2.0])}
+    assert list(runs) == ["bert-6x384-lr2-801010", "crossbert-6x384-lr2", "bert-6x384-lr2"]
+    assert runs["bert-6x384-lr2-801010"] == dict(runs["bert-6x384-lr2"], random_replace=True)
+    assert runs["bert-6x384-lr2"]["random_replace"] is False  # model.py's BERT default is 80/10/10
 
 
 def test_probes_queue_behind_each_other():

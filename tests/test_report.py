@@ -261,8 +261,9 @@ def test_the_ablations_against_their_main_run_and_the_twins():
 
 def test_the_replace_table_pairs_80_10_10_with_all_mask_bert_and_crossbert_at_its_own_rate(tmp_path):
     rs = grid()  # at 2 x 128 CrossBERT's own rate is x2 (lower val loss), all-<mask> BERT has x0.5 at seeds 0-1
-    rs += [dict(run("bert", (2, 128), k, 0.5, 3.85, 64 + 2 * k, 50), axis="replace", name=f"replace-{k}")
-           for k in range(2)]  # 80/10/10: +1 and +2 linear over all-<mask> at x0.5, kNN 1 lower
+    rs += [dict(r, axis="replace", name=f"replace-{k}", settings=dict(r["settings"], random_replace=True))
+           for k in range(2) for r in [run("bert", (2, 128), k, 0.5, 3.85, 64 + 2 * k, 50)]]
+    # 80/10/10: +1 and +2 linear over all-<mask> at x0.5, kNN 1 lower
     rows = [line for line in report.replace_table(rs).splitlines() if line.startswith("| 1.20e+14")]
     assert len(rows) == 3
     mine, *against = rows
@@ -272,5 +273,9 @@ def test_the_replace_table_pairs_80_10_10_with_all_mask_bert_and_crossbert_at_it
     assert "CrossBERT − BERT 80/10/10 | x2 / x0.5 | 0, 1 |" in against[0]  # CrossBERT at its own chosen rate
     assert against[0].endswith("| +0.5 [-5.9, +6.9] | +2.0 [+2.0, +2.0] |")
     assert report.replace_table(grid()) == ""  # no runs of the axis, no table
+    # the baseline in the own-rate comparisons: CrossBERT at its x2 minus BERT 80/10/10 at the x0.5 it ran at
+    own = [line for line in report.own_lr(rs).splitlines() if "| crossbert − bert 80/10/10 | each its own |" in line]
+    assert len(own) == 1 and own[0].endswith("| x2 / x0.5 | 2 | +0.5 [-5.9, +6.9] | +2.0 [+2.0, +2.0] | "
+                                             "not distinguishable / above |")
     report.write_markdown(rs, tmp_path)
     assert "## BERT's corruption: 80/10/10 against all <mask>" in (tmp_path / "results.md").read_text()
