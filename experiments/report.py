@@ -599,7 +599,7 @@ def plots(results, out_dir):
     matplotlib = optional("matplotlib", "drawing the sweep's plots")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    colors = dict(zip(MODELS, ("tab:red", "tab:blue", "tab:green", "tab:purple", "tab:orange")))
+    colors = dict(zip((*MODELS, BASELINE), ("tab:red", "tab:blue", "tab:green", "tab:purple")))  # lr grids: by family
     main = [r for r in results if r["axis"] == "main"]
     written = []
 

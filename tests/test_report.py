@@ -259,10 +259,15 @@ def test_the_ablations_against_their_main_run_and_the_twins():
     assert report.ablation_table([r for r in results if r["axis"] != "mask" and r["axis"] != "predictor"]) == ""
 
 
+def bert_80_10_10(seed, lin):
+    """A record of the replace axis: BERT 80/10/10 at 2 x 128, x0.5, val loss 3.85, kNN 50."""
+    r = run("bert", (2, 128), seed, 0.5, 3.85, lin, 50)
+    return dict(r, axis="replace", name=f"replace-{seed}", settings=dict(r["settings"], random_replace=True))
+
+
 def test_the_replace_table_pairs_80_10_10_with_all_mask_bert_and_crossbert_at_its_own_rate(tmp_path):
     rs = grid()  # at 2 x 128 CrossBERT's own rate is x2 (lower val loss), all-<mask> BERT has x0.5 at seeds 0-1
-    rs += [dict(r, axis="replace", name=f"replace-{k}", settings=dict(r["settings"], random_replace=True))
-           for k in range(2) for r in [run("bert", (2, 128), k, 0.5, 3.85, 64 + 2 * k, 50)]]
+    rs += [bert_80_10_10(k, 64 + 2 * k) for k in range(2)]
     # 80/10/10: +1 and +2 linear over all-<mask> at x0.5, kNN 1 lower
     rows = [line for line in report.replace_table(rs).splitlines() if line.startswith("| 1.20e+14")]
     assert len(rows) == 3
@@ -279,3 +284,12 @@ def test_the_replace_table_pairs_80_10_10_with_all_mask_bert_and_crossbert_at_it
                                              "not distinguishable / above |")
     report.write_markdown(rs, tmp_path)
     assert "## BERT's corruption: 80/10/10 against all <mask>" in (tmp_path / "results.md").read_text()
+
+
+@pytest.mark.slow  # figures drawn: seconds of plumbing
+def test_the_plots_draw_bert_80_10_10_as_a_family_of_its_own(tmp_path):
+    pytest.importorskip("matplotlib")
+    rs = [r for r in grid() if r["axis"] == "lr"] + [bert_80_10_10(k, 64) for k in range(2)]  # no main runs
+    rs = [dict(r, log=[dict(flops=r["flops"], val_loss=r["val_loss"])]) for r in rs]
+    assert report.plots(rs, tmp_path) == ["val_loss_vs_flops.png", "lr-2x128.png", "lr-4x256.png"]
+    assert (tmp_path / "lr-2x128.png").stat().st_size > 20_000
