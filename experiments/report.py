@@ -111,8 +111,11 @@ def summarize(results):
         rs = [r for r in main if r["model_type"] == fam]
         for key, probe in (("linear_avg", "linear"), ("knn_avg", "kNN")):
             lines.append("| " + " | ".join([fam, probe] + crossing(rs, twins, key)) + " |")
+    own_rate = (" BERT 80/10/10, the baseline, ran at its own learning rate: its comparisons are under \"Each family "
+                "at its own learning rate\"." if any(r["axis"] == "replace" for r in results) else "")
     lines += ["", "## Families at equal FLOPs", "", "CrossBERT minus each baseline, and ELECTRA minus BERT, at the same "
-              "budget and shape, paired by training seed, [95% interval].", "",
+              "budget and shape, paired by training seed, [95% interval]. Here bert is the main runs' all-<mask> BERT, "
+              "at the law's learning rate." + own_rate, "",
               "| budget | shape | comparison | seeds | linear | kNN | verdict (linear / kNN) |", "|" + "---|" * 7]
     budgets = {}
     for r in main:

@@ -284,6 +284,9 @@ def test_the_replace_table_pairs_80_10_10_with_all_mask_bert_and_crossbert_at_it
                                              "not distinguishable / above |")
     report.write_markdown(rs, tmp_path)
     assert "## BERT's corruption: 80/10/10 against all <mask>" in (tmp_path / "results.md").read_text()
+    # the x1 table's bert is all-<mask> BERT: with 80/10/10 runs, it says where theirs are
+    assert "BERT 80/10/10, the baseline, ran at its own learning rate" in report.summarize(rs)
+    assert "80/10/10" not in report.summarize(grid())
 
 
 @pytest.mark.slow  # figures drawn: seconds of plumbing
