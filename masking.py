@@ -34,14 +34,10 @@ def view_shape(block_size, mask_ratio, cms):
 
     Without CMS there is one view that masks round(mask_ratio * T) positions.
     With the Complementary Masking Strategy the positions are split into V equal
-    chunks. For mask_ratio >= 0.5 (the paper's setting) each view sees one chunk
-    and predicts the rest: the visible sets partition the sequence, and the ratio
-    is 1 - 1/V (0.5, 0.667, 0.75, ...). Below 0.5 is our extension, not the
-    paper's: each view predicts one chunk and sees the rest, so the predicted sets
-    partition the sequence and the ratio is 1/V (0.333, 0.25, ...); it costs
-    (1 - m) / m times the encoder work of one view per row, since every view
-    re-encodes most of the row. A ratio that V equal chunks cannot realise is an
-    error rather than silently becoming the nearest one.
+    chunks and each view sees one chunk and predicts the rest: the visible sets
+    partition the sequence, and the ratio is 1 - 1/V (0.5, 0.667, 0.75, ...). A
+    ratio that V equal chunks cannot realise is an error rather than silently
+    becoming the nearest one.
     """
     T, m = block_size, mask_ratio
     if not 0 < m < 1:
@@ -52,17 +48,14 @@ def view_shape(block_size, mask_ratio, cms):
             raise ValueError(f"mask_ratio={m} masks {M} of {T} positions; pick a ratio that masks at least one and "
                              "keeps one")
         return 1, T - M, M
-    V = round(1 / min(m, 1 - m))
-    realised = 1 - 1 / V if m >= 0.5 else 1 / V
-    if abs(realised - m) > 0.005:
-        options = ", ".join(f"{1 - 1 / v:.3g}" for v in range(2, 6)) + ", ... (or below 0.5: 0.333, 0.25, 0.2, ...)"
+    V = max(2, round(1 / (1 - m)))
+    if abs(1 - 1 / V - m) > 0.005:
         raise ValueError(f"complementary masking cuts a sequence into V equal views, so its mask ratio is 1 - 1/V: "
-                         f"{options}; mask_ratio={m} is not one of them. Pick one, or set cms=False")
+                         f"0.5, 0.667, 0.75, 0.8, ...; mask_ratio={m} is not one of them. Pick one, or set cms=False")
     if T % V:
         raise ValueError(f"CMS with mask_ratio={m} cuts each sequence into {V} views, so block_size "
                          f"must be a multiple of {V} (got {T}); change block_size or mask_ratio")
-    chunk = T // V
-    return (V, chunk, T - chunk) if m >= 0.5 else (V, T - chunk, chunk)
+    return V, T // V, T - T // V
 
 
 def make_views(batch_size, block_size, mask_ratio, cms, generator=None, device=None):
@@ -81,7 +74,7 @@ def make_views(batch_size, block_size, mask_ratio, cms, generator=None, device=N
     others = (step[:, None] + step[None, 1:]) % V
     own_pos = chunk_pos.reshape(B * V, T // V)
     rest_pos = chunk_pos[:, others].reshape(B * V, T - T // V)
-    return Views(rows, own_pos, rest_pos) if mask_ratio >= 0.5 else Views(rows, rest_pos, own_pos)
+    return Views(rows, own_pos, rest_pos)
 
 
 def corrupt(idx, target_pos, mask_id, u=None, noise=None):
