@@ -48,7 +48,7 @@ def view_shape(block_size, mask_ratio, cms):
             raise ValueError(f"mask_ratio={m} masks {M} of {T} positions; pick a ratio that masks at least one and "
                              "keeps one")
         return 1, T - M, M
-    V = max(2, round(1 / (1 - m)))
+    V = max(2, round(1 / (1 - m)))  # at least two: a lone view would see the whole row and predict nothing
     if abs(1 - 1 / V - m) > 0.005:
         raise ValueError(f"complementary masking cuts a sequence into V equal views, so its mask ratio is 1 - 1/V: "
                          f"0.5, 0.667, 0.75, 0.8, ...; mask_ratio={m} is not one of them. Pick one, or set cms=False")
