@@ -116,17 +116,16 @@ class MaskedLM(nn.Module):
         return self.cos[pos].unsqueeze(-3), self.sin[pos].unsqueeze(-3)
 
     def run_encoder(self, idx, pos, attn_mask=None, layers=()):
-        """The encoder on ids idx (N, T) at positions pos: its final-normed states (N, T, C), and those of `layers`
-        (0: the token embeddings; the final norm on each, so all are on one scale)."""
+        """The encoder on ids idx (N, T) at positions pos: its final-normed states (N, T, C), and a dict of the states
+        of `layers` (0: the token embeddings; the final norm on each, so all are on one scale)."""
         rope = self.rope(pos)
         x = self.drop(self.ln_e(self.wte(idx)))
-        kept = [self.ln_f(x)] if 0 in layers else []
+        kept = {0: self.ln_f(x)} if 0 in layers else {}
         for i, block in enumerate(self.blocks, start=1):
             x = block(x, rope, attn_mask=attn_mask)
-            if i in layers and i < self.config.n_layer:
-                kept.append(self.ln_f(x))
-        x = self.ln_f(x)
-        return x, kept + [x] * (self.config.n_layer in layers)
+            if i in layers:
+                kept[i] = self.ln_f(x)
+        return self.ln_f(x), kept
 
     def draw(self, B, T, generator=None, device=None):
         """A training step's random inputs, which follow idx in forward(): the views (masking.py). A trainer draws
@@ -164,9 +163,8 @@ class MaskedLM(nn.Module):
         if not all(0 <= i <= L for i in wanted):
             raise ValueError(f"layers {wanted}: the encoder has layers 0..{L} (0: the embeddings)")
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-        _, kept = self.run_encoder(idx, torch.arange(T, device=idx.device), mask, set(wanted))
-        by_layer = dict(zip(sorted(set(wanted)), kept))
-        return by_layer[L] if layers is None else [by_layer[i] for i in wanted]
+        _, kept = self.run_encoder(idx, torch.arange(T, device=idx.device), mask, wanted)
+        return kept[L] if layers is None else [kept[i] for i in wanted]
 
     def num_params(self, non_embedding=False):
         n = sum(p.numel() for p in self.parameters())
