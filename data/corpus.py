@@ -11,6 +11,7 @@ import gzip
 import json
 import os
 import sys
+import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -143,13 +144,15 @@ def tokenize(docs, threads):
 
 def write_bins(docs, out_dir, source, val_every=100, max_tokens=None, threads=os.cpu_count()):
     """Tokenise `docs` into out_dir/{train,val}.bin and meta.json; every val_every-th document goes to val.
-    Stops at the first document boundary past max_tokens. Files appear only once complete (temp file, then rename)."""
+    Stops at the first document boundary past max_tokens. Files appear only once complete (temp file, then rename);
+    each writer has temp files of its own, so two that prepare the same folder at once both finish."""
     if val_every < 2:
         raise UserError(f"--val_every={val_every} would leave no training documents; pass 2 or more")
     created = not os.path.isdir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     splits = ("train", "val")
-    tmp = {s: os.path.join(out_dir, f"{s}.bin.tmp") for s in splits}
+    mine = f"{os.getpid()}-{threading.get_ident()}.tmp"  # this writer's temp files: another's are not touched
+    tmp = {s: os.path.join(out_dir, f"{s}.bin.{mine}") for s in splits}
     files = {s: open(tmp[s], "wb") for s in splits}
     tokens, n_docs = dict.fromkeys(splits, 0), dict.fromkeys(splits, 0)
     t0 = last = time.time()
@@ -191,9 +194,10 @@ def write_bins(docs, out_dir, source, val_every=100, max_tokens=None, threads=os
                 eot=EOT, mask=MASK, pad=PAD, source=source, val_every=val_every, max_tokens=max_tokens,
                 train_tokens=tokens["train"], val_tokens=tokens["val"],
                 train_docs=n_docs["train"], val_docs=n_docs["val"])
-    with open(os.path.join(out_dir, "meta.json.tmp"), "w") as f:
+    meta_tmp = os.path.join(out_dir, f"meta.json.{mine}")
+    with open(meta_tmp, "w") as f:
         json.dump(meta, f, indent=1)
-    os.replace(os.path.join(out_dir, "meta.json.tmp"), os.path.join(out_dir, "meta.json"))
+    os.replace(meta_tmp, os.path.join(out_dir, "meta.json"))
     total = tokens["train"] + tokens["val"]
     print(f"{out_dir}: train {tokens['train']:,} tokens ({n_docs['train']:,} docs), val {tokens['val']:,} tokens "
           f"({n_docs['val']:,} docs); {total:,} tokens in {seconds:.1f} s ({total / seconds:,.0f} tokens/s)")

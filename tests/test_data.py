@@ -1,8 +1,10 @@
+import concurrent.futures
 import gzip
 import json
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -95,6 +97,27 @@ def test_prepare_token_budget_stops_at_document_boundary(tmp_path):
     meta = write_bins(iter(docs), str(tmp_path), "list", val_every=2, max_tokens=10 * per_doc + 1, threads=2)
     assert meta["train_docs"] + meta["val_docs"] == 11  # the first document past the budget is the last one
     assert decode(read_bin(tmp_path / "val.bin")) == "".join(d + SEP for d in docs[1:11:2])
+
+
+def test_two_writers_of_one_folder_both_finish(tmp_path):
+    """Two sweeps that prepare the same corpus at once: the first stalls after its first document while the second
+    writes the whole folder; each keeps its own temp files, so both finish with the same files."""
+    docs = [f"Document number {i} says something." for i in range(6)]
+    first_reading, second_done = threading.Event(), threading.Event()
+
+    def stalling():
+        first_reading.set()  # its temp files are open: they are opened before the first document is read
+        yield docs[0]
+        assert second_done.wait(30)
+        yield from docs[1:]
+
+    first = concurrent.futures.ThreadPoolExecutor(1).submit(write_bins, stalling(), str(tmp_path), "t", 3, None, 1)
+    assert first_reading.wait(30)
+    second = write_bins(iter(docs), str(tmp_path), "t", val_every=3, threads=1)
+    second_done.set()
+    assert first.result(timeout=30) == second
+    assert decode(read_bin(tmp_path / "train.bin")) == "".join(d + SEP for i, d in enumerate(docs) if i % 3 != 2)
+    assert sorted(os.listdir(tmp_path)) == ["meta.json", "train.bin", "val.bin"]
 
 
 def test_prepare_lone_surrogate_becomes_replacement_char(tmp_path):
