@@ -111,11 +111,12 @@ def test_two_writers_of_one_folder_both_finish(tmp_path):
         assert second_done.wait(30)
         yield from docs[1:]
 
-    first = concurrent.futures.ThreadPoolExecutor(1).submit(write_bins, stalling(), str(tmp_path), "t", 3, None, 1)
-    assert first_reading.wait(30)
-    second = write_bins(iter(docs), str(tmp_path), "t", val_every=3, threads=1)
-    second_done.set()
-    assert first.result(timeout=30) == second
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        first = pool.submit(write_bins, stalling(), str(tmp_path), "t", val_every=3, threads=1)
+        assert first_reading.wait(30)
+        second = write_bins(iter(docs), str(tmp_path), "t", val_every=3, threads=1)
+        second_done.set()
+        assert first.result(timeout=30) == second
     assert decode(read_bin(tmp_path / "train.bin")) == "".join(d + SEP for i, d in enumerate(docs) if i % 3 != 2)
     assert sorted(os.listdir(tmp_path)) == ["meta.json", "train.bin", "val.bin"]
 
